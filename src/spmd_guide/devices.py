@@ -1,0 +1,116 @@
+"""Get the devices a chapter needs: real accelerators where present, else CPU mock devices.
+
+JAX fixes the number of CPU devices when its backends start (the first operation, or the
+first ``jax.devices()`` call). So ``ensure_devices`` must run before anything else touches
+JAX; afterwards it can only check, and it says how to fix a mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+from dataclasses import dataclass
+
+import jax
+
+_ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
+
+
+def _request_cpu_devices(n: int) -> bool:
+    """Ask JAX for ``n`` CPU devices; False if the backends already started with another count."""
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:
+        return False
+    return True
+
+
+def ensure_devices(n: int = 8) -> list[jax.Device]:
+    """Return ``n`` devices: the accelerators if this host has them, else ``n`` CPU mock devices.
+
+    Call it first, before any other JAX operation. On a GPU or TPU host it returns the first
+    ``n`` accelerators; on a CPU-only host it makes JAX create ``n`` CPU devices that share the
+    host's cores (good for learning and testing layouts, not for measuring speedups).
+
+    Raises ``ValueError`` for a non-positive ``n`` and ``RuntimeError`` when the devices cannot
+    be had: fewer accelerators than ``n``, or JAX already started with a different number of
+    CPU devices.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"ensure_devices(n) needs a positive integer, got {n!r}.")
+    requested = _request_cpu_devices(n)
+    devices = jax.devices()
+    platform = devices[0].platform
+    if platform in _ACCELERATORS or platform not in ("cpu",):
+        if len(devices) < n:
+            raise RuntimeError(
+                f"This host has {len(devices)} {platform.upper()} device(s), but this code needs "
+                f"{n}. To use {n} CPU mock devices instead, restart Python with the environment "
+                f"variable JAX_PLATFORMS=cpu set (e.g. `JAX_PLATFORMS=cpu jupyter lab`)."
+            )
+        return devices[:n]
+    if len(devices) != n:
+        how = (
+            "JAX's backends had already started"
+            if not requested
+            else "the XLA_FLAGS setting --xla_force_host_platform_device_count overrides it"
+        )
+        raise RuntimeError(
+            f"JAX is running with {len(devices)} CPU device(s), but this code needs {n}: {how}. "
+            f"The CPU device count is fixed when JAX starts, so call "
+            f"spmd_guide.ensure_devices({n}) before any other JAX operation -- in a notebook, "
+            f"restart the kernel and run it in the first cell -- or start Python with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n}."
+        )
+    return devices
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the code is running on: enough to read any timing or memory figure honestly."""
+
+    jax_version: str
+    jaxlib_version: str
+    backend: str
+    device_kind: str
+    device_count: int
+    process_count: int
+    mock_devices: bool
+    host_cores: int
+    python: str
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for a two-column table."""
+        devices = f"{self.device_count} x {self.device_kind}"
+        if self.mock_devices:
+            devices += f" (CPU mock devices sharing {self.host_cores} host cores)"
+        return [
+            ("JAX", self.jax_version),
+            ("jaxlib", self.jaxlib_version),
+            ("Python", self.python),
+            ("backend", self.backend),
+            ("devices", devices),
+            ("processes", str(self.process_count)),
+        ]
+
+    def __str__(self) -> str:
+        return "\n".join(f"{label:>9}: {value}" for label, value in self.rows())
+
+
+def environment_summary() -> Environment:
+    """One call that says which JAX, which backend and which devices this run uses."""
+    import jaxlib
+
+    devices = jax.devices()
+    backend = devices[0].platform
+    return Environment(
+        jax_version=jax.__version__,
+        jaxlib_version=jaxlib.__version__,
+        backend=backend,
+        device_kind=devices[0].device_kind,
+        device_count=len(devices),
+        process_count=jax.process_count(),
+        mock_devices=backend == "cpu" and len(devices) > 1,
+        host_cores=os.cpu_count() or 1,
+        python=_platform.python_version(),
+    )

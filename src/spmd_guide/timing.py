@@ -1,0 +1,110 @@
+"""Honest micro-benchmarks: warm up (compile), wait for the result, repeat, report the spread.
+
+JAX dispatches asynchronously: a call returns before the device has finished. A timing that
+does not wait with ``block_until_ready`` measures only the dispatch. The first call also
+compiles, so it is timed separately and left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock times of repeated calls, in seconds, and what they ran on."""
+
+    label: str
+    times: tuple[float, ...]
+    first_call: float
+    device_kind: str
+    device_count: int
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(fastest, slowest) of the timed runs."""
+        return min(self.times), max(self.times)
+
+    def row(self) -> dict[str, Any]:
+        """A table row with times in milliseconds."""
+        low, high = self.spread
+        return {
+            "what": self.label,
+            "devices": f"{self.device_count} x {self.device_kind}",
+            "median ms": round(self.median * 1e3, 3),
+            "min ms": round(low * 1e3, 3),
+            "max ms": round(high * 1e3, 3),
+            "runs": len(self.times),
+            "first call ms": round(self.first_call * 1e3, 1),
+        }
+
+    def __str__(self) -> str:
+        low, high = self.spread
+        return (
+            f"{self.label}: median {self.median * 1e3:.3f} ms "
+            f"(min {low * 1e3:.3f}, max {high * 1e3:.3f}, {len(self.times)} runs) "
+            f"on {self.device_count} x {self.device_kind}"
+        )
+
+
+def _devices_of(result: Any) -> list[jax.Device]:
+    for leaf in jax.tree.leaves(result):
+        if isinstance(leaf, jax.Array):
+            return sorted(leaf.sharding.device_set, key=lambda d: d.id)
+    return [jax.devices()[0]]
+
+
+def time_fn(
+    fn: Callable[..., Any],
+    *args: Any,
+    runs: int = 10,
+    warmup: int = 1,
+    label: str | None = None,
+) -> Timing:
+    """Time ``fn(*args)``: ``warmup`` untimed calls (the first one compiles), then ``runs`` timed.
+
+    Every call waits for its result with ``jax.block_until_ready``. The devices reported are
+    those holding the first array in the result.
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}.")
+    if warmup < 1:
+        raise ValueError(
+            f"warmup must be at least 1 (the first call compiles and must not be timed), got {warmup}."
+        )
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn(*args))
+    first_call = time.perf_counter() - start
+    for _ in range(warmup - 1):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    devices = _devices_of(result)
+    return Timing(
+        label=label or getattr(fn, "__name__", "fn"),
+        times=tuple(times),
+        first_call=first_call,
+        device_kind=devices[0].device_kind,
+        device_count=len(devices),
+    )
+
+
+def timing_table(timings: list[Timing]) -> str:
+    """An HTML table (for a notebook page) of several timings, with the hardware on each row."""
+    from tabulate import tabulate
+
+    rows = [t.row() for t in timings]
+    return tabulate(rows, headers="keys", tablefmt="html")

@@ -1,0 +1,58 @@
+"""timing: warm-up excluded, results waited for, hardware named."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from spmd_guide.timing import time_fn, timing_table
+
+
+def test_counts_runs_and_names_the_hardware():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return x + 1
+
+    t = time_fn(f, jnp.ones(4), runs=5, warmup=2, label="add one")
+    assert len(t.times) == 5 and len(calls) == 7
+    assert t.device_kind == "cpu" and t.device_count == 1
+    assert min(t.times) <= t.median <= max(t.times)
+    assert "add one" in str(t) and "1 x cpu" in str(t)
+
+
+def test_the_first_call_is_not_in_the_statistics():
+    state = {"first": True}
+
+    def slow_first(x):
+        if state["first"]:
+            state["first"] = False
+            time.sleep(0.2)
+        return x
+
+    t = time_fn(slow_first, jnp.ones(2), runs=3)
+    assert t.first_call >= 0.2 and max(t.times) < 0.2
+
+
+def test_waits_for_the_result():
+    x = jnp.ones((256, 256))
+    t = time_fn(jax.jit(lambda a: a @ a @ a), x, runs=3)
+    assert t.median > 0
+
+
+def test_reports_the_devices_of_a_sharded_result(devices):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("x",), devices=devices)
+    x = jax.device_put(jnp.ones(16), NamedSharding(mesh, P("x")))
+    t = time_fn(jax.jit(lambda a: a * 2), x, runs=2)
+    assert t.device_count == 8
+    assert "<table>" in timing_table([t])
+
+
+@pytest.mark.parametrize("kwargs", [{"runs": 0}, {"warmup": 0}])
+def test_rejects_settings_that_would_mislead(kwargs):
+    with pytest.raises(ValueError):
+        time_fn(lambda x: x, jnp.ones(1), **kwargs)
