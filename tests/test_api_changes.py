@@ -1,0 +1,47 @@
+"""api_changes: the appendix's "what does the installed JAX do with the old spelling" column."""
+
+import jax
+import pytest
+
+from spmd_guide.api_changes import CHANGES, resolve, rows
+
+EXPECTED_IN_0_10 = {
+    "jax.sharding.PositionalSharding": "removed",
+    "jax.tree_map": "removed",
+    "jax.random.PRNGKey(0) (raw uint32[2] key)": "present",
+    "jax.make_mesh default axis_types (Auto)": "default axis type AxisType.Explicit",
+    "jax.sharding.use_mesh(mesh)": "removed",
+    "with mesh: (a Mesh as context manager)": "deprecated",
+    "jax.experimental.shard.reshard / auto_axes / explicit_axes": "removed",
+    "GSPMD partitioner (jax_use_shardy_partitioner=False)": "jax_use_shardy_partitioner = True",
+    "jax.experimental.shard_map.shard_map": "deprecated",
+    "shard_map(..., check_rep=...)": "removed",
+    "jax.pmap": "present",
+    "jax.device_put_sharded / jax.device_put_replicated": "removed",
+    "jax.xla_computation(f)(x)": "removed",
+    "jax_threefry_partitionable=False (old, non-partitionable random bits)":
+        "jax_threefry_partitionable = True",
+    "jax_cpu_enable_gloo_collectives=True": "removed",
+}
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.old)
+def test_each_change_is_what_the_installed_jax_does(change):
+    assert change.status() == EXPECTED_IN_0_10[change.old]
+
+
+def test_every_change_is_pinned_and_names_are_unique():
+    assert sorted(c.old for c in CHANGES) == sorted(EXPECTED_IN_0_10)
+
+
+def test_resolve_tells_present_deprecated_and_removed_apart():
+    assert resolve("jax.shard_map") == "present"
+    assert resolve("jax.numpy.definitely_not_a_function") == "removed"
+    assert resolve("jax.no_such_module.thing") == "removed"
+    assert resolve("jax.experimental.shard_map.shard_map") == "deprecated"
+
+
+def test_rows_carry_the_installed_version():
+    table = rows()
+    assert len(table) == len(CHANGES)
+    assert all(f"in JAX {jax.__version__}" in row for row in table)
