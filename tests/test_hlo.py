@@ -1,0 +1,460 @@
+"""Tests of spmd_guide.hlo: collectives, bytes (ring model) and memory of compiled programs.
+
+Byte counts are computed here by hand from shapes and group sizes, never read back from the
+module under test. Parser tests use literal HLO so they hold even if the compiler changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mesh_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import hlo
+
+F32 = 4
+ROWS, COLS = 16, 8  # the global test array: f32[16, 8] = 512 bytes
+FULL = ROWS * COLS * F32
+
+
+def no_other_kinds(counts: dict[str, int], **expected: int) -> None:
+    """Counts hold exactly the five keys, with ``expected`` (dashes as underscores) and 0 else."""
+    assert list(counts) == list(hlo.KINDS)
+    want = {kind: expected.get(kind.replace("-", "_"), 0) for kind in hlo.KINDS}
+    assert counts == want
+
+
+def global_array() -> jax.Array:
+    return jnp.arange(ROWS * COLS, dtype=jnp.float32).reshape(ROWS, COLS)
+
+
+def smap(body, mesh, in_specs, out_specs):
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=False))
+
+
+# --------------------------------------------------------------------------- shard_map
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+class TestShardMap:
+    def test_psum_is_one_all_reduce(self, k):
+        f = smap(lambda a: jax.lax.psum(a, "x"), mesh_of(k), P("x"), P())
+        x = global_array()
+        block = FULL // k
+        no_other_kinds(hlo.collective_counts(f, x), all_reduce=1)
+        assert hlo.communication_bytes(f, x) == 2 * (k - 1) * block // k
+        (op,) = hlo.collectives(f, x)
+        assert (op.kind, op.shape, op.dtype, op.group_size) == (
+            "all-reduce", (ROWS // k, COLS), "f32", k)
+
+    def test_all_gather_charges_the_gathered_buffer(self, k):
+        f = smap(lambda a: jax.lax.all_gather(a, "x", tiled=True), mesh_of(k), P("x"), P())
+        x = global_array()
+        no_other_kinds(hlo.collective_counts(f, x), all_gather=1)
+        assert hlo.communication_bytes(f, x) == (k - 1) * FULL // k
+        (op,) = hlo.collectives(f, x)
+        assert (op.shape, op.group_size) == ((ROWS, COLS), k)
+
+    def test_psum_scatter_is_reduce_scatter_of_the_input(self, k):
+        f = smap(lambda a: jax.lax.psum_scatter(a, "x", tiled=True), mesh_of(k), P(), P("x"))
+        x = global_array()
+        no_other_kinds(hlo.collective_counts(f, x), reduce_scatter=1)
+        assert hlo.communication_bytes(f, x) == (k - 1) * FULL // k
+        (op,) = hlo.collectives(f, x)
+        assert (op.shape, op.group_size) == ((ROWS, COLS), k)
+
+    def test_ppermute_sends_its_whole_operand(self, k):
+        ring = [(i, (i + 1) % k) for i in range(k)]
+        f = smap(lambda a: jax.lax.ppermute(a, "x", ring), mesh_of(k), P("x"), P("x"))
+        x = global_array()
+        no_other_kinds(hlo.collective_counts(f, x), collective_permute=1)
+        assert hlo.communication_bytes(f, x) == FULL // k
+        assert hlo.collectives(f, x)[0].group_size == k
+
+    def test_all_to_all_keeps_one_chunk(self, k):
+        f = smap(lambda a: jax.lax.all_to_all(a, "x", 1, 0, tiled=True),
+                 mesh_of(k), P("x", None), P(None, "x"))
+        x = global_array()
+        block = FULL // k
+        no_other_kinds(hlo.collective_counts(f, x), all_to_all=1)
+        assert hlo.communication_bytes(f, x) == (k - 1) * block // k
+        (op,) = hlo.collectives(f, x)
+        assert (op.kind, op.group_size, op.buffer_bytes) == ("all-to-all", k, block)
+
+
+def test_psum_over_one_axis_of_a_2d_mesh_groups_that_axis():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    f = smap(lambda a: jax.lax.psum(a, "a"), mesh, P("a", "b"), P(None, "b"))
+    x = global_array()
+    (op,) = hlo.collectives(f, x)
+    block = FULL // 8
+    assert (op.group_size, op.bytes_sent) == (4, 2 * 3 * block // 4)
+    both = smap(lambda a: jax.lax.psum(a, ("a", "b")), mesh, P("a", "b"), P())
+    assert hlo.communication_bytes(both, x) == 2 * 7 * block // 8
+
+
+def test_ops_in_a_loop_body_count_once_per_appearance():
+    def body(a):
+        step = lambda c, _: (jax.lax.psum(c, "x") * 0.5, None)  # noqa: E731
+        return jax.lax.scan(step, a, None, length=3)[0]
+
+    f = smap(body, mesh_of(4), P("x"), P("x"))
+    x = global_array()
+    assert "while" in hlo.compiled_text(f, x)
+    no_other_kinds(hlo.collective_counts(f, x), all_reduce=1)
+    assert hlo.communication_bytes(f, x) == 2 * 3 * (FULL // 4) // 4
+
+
+# --------------------------------------------------------------------------- partitioner
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_sum_over_a_sharded_axis_all_reduces_the_partial_sums(k):
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(k), P("x", None)))
+    f = lambda a: a.sum(axis=0)  # noqa: E731  (plain function: wrapped in jit)
+    no_other_kinds(hlo.collective_counts(f, x), all_reduce=1)
+    partial_sums = COLS * F32
+    assert hlo.communication_bytes(f, x) == 2 * (k - 1) * partial_sums // k
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_resharding_to_replicated_all_gathers(k):
+    mesh = mesh_of(k)
+    x = jax.device_put(global_array(), NamedSharding(mesh, P("x", None)))
+    f = jax.jit(lambda a: jax.lax.with_sharding_constraint(a * 2, NamedSharding(mesh, P())))
+    no_other_kinds(hlo.collective_counts(f, x), all_gather=1)
+    assert hlo.communication_bytes(f, x) == (k - 1) * FULL // k
+
+
+def test_matmul_contracting_a_sharded_dimension_all_reduces_the_product():
+    """x @ x.T with the contracted dimension split over 'b': partial products are summed."""
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("a", "b")))
+
+    def f(a):
+        rows_whole = jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(None, "b")))
+        return (rows_whole @ rows_whole.T).sum(axis=0)
+
+    ops = hlo.collectives(f, x)
+    assert [(op.kind, op.group_size) for op in ops] == [("all-gather", 4), ("all-reduce", 2)]
+    gathered = 64 * (32 // 2) * F32  # f32[64,16]: all rows, this device's half of columns
+    product = 64 * 64 * F32
+    assert [op.bytes_sent for op in ops] == [3 * gathered // 4, 2 * 1 * product // 2]
+    assert ops[1].groups == ((0, 1), (2, 3), (4, 5), (6, 7))
+
+
+def test_partitioner_mesh_groups_match_shard_map_explicit_groups():
+    """The same reduction, spelled mesh[...] by the partitioner and {{...}} by shard_map."""
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    x = jax.device_put(global_array(), NamedSharding(mesh, P("a", "b")))
+    auto = hlo.collectives(lambda a: a.sum(axis=0), x)
+    manual = hlo.collectives(
+        smap(lambda a: jax.lax.psum(a, "a"), mesh, P("a", "b"), P(None, "b")), global_array())
+    assert [op.kind for op in auto] == [op.kind for op in manual] == ["all-reduce"]
+    assert "replica_groups=mesh[" in auto[0].line and "replica_groups={{" in manual[0].line
+    assert auto[0].groups == manual[0].groups == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert auto[0].bytes_sent == 2 * 3 * (COLS // 2 * F32) // 4
+
+
+def test_explicit_axes_reshard_all_gathers():
+    mesh = mesh_of(4, explicit=True)
+    x = jax.device_put(global_array(), NamedSharding(mesh, P("x")))
+    f = lambda a: jax.sharding.reshard(a, NamedSharding(mesh, P()))  # noqa: E731
+    no_other_kinds(hlo.collective_counts(f, x), all_gather=1)
+    assert hlo.communication_bytes(f, x) == 3 * FULL // 4
+
+
+def test_shape_dtype_structs_compile_without_data():
+    mesh = mesh_of(8)
+    spec = jax.ShapeDtypeStruct((1024, 256), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+    f = lambda a: a.sum(axis=0)  # noqa: E731
+    assert hlo.memory_per_device(f, spec).argument_bytes == 1024 * 256 * F32 // 8
+    assert hlo.communication_bytes(f, spec) == 2 * 7 * (256 * F32) // 8
+
+
+def test_a_program_without_collectives_has_zero_counts_and_bytes():
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(8), P("x")))
+    f = lambda a: jnp.sin(a) * 2  # noqa: E731
+    no_other_kinds(hlo.collective_counts(f, x))
+    assert hlo.communication_bytes(f, x) == 0
+    assert hlo.collectives(f, x) == []
+
+
+def test_accepts_jitted_lowered_and_compiled():
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(4), P("x")))
+    jitted = jax.jit(lambda a: a.sum())
+    lowered = jitted.lower(x)
+    expected = hlo.collective_counts(jitted, x)
+    assert expected["all-reduce"] == 1
+    assert hlo.collective_counts(lowered) == expected
+    assert hlo.collective_counts(lowered.compile()) == expected
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_memory_argument_bytes_are_the_per_device_shard(k):
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(k), P("x")))
+    stats = hlo.memory_per_device(lambda a: a * 2, x)
+    assert stats.argument_bytes == FULL // k
+    assert stats.output_bytes == FULL // k
+    assert stats.peak_bytes == (stats.argument_bytes + stats.output_bytes
+                                - stats.alias_bytes + stats.temp_bytes)
+    rows = stats.as_rows()
+    assert rows[0] == ("arguments", FULL // k, hlo.format_bytes(FULL // k))
+
+
+def test_memory_of_a_replicated_argument_is_the_whole_array():
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(4), P()))
+    assert hlo.memory_per_device(lambda a: a + 1, x).argument_bytes == FULL
+
+
+def test_donated_argument_is_aliased():
+    x = jax.device_put(global_array(), NamedSharding(mesh_of(2), P("x")))
+    stats = hlo.memory_per_device(jax.jit(lambda a: a * 2, donate_argnums=0), x)
+    assert stats.alias_bytes == FULL // 2
+    assert stats.peak_bytes == FULL // 2 + stats.temp_bytes
+
+
+# --------------------------------------------------------------------------- report
+
+
+def test_report_lists_ops_totals_and_memory():
+    mesh = mesh_of(4)
+    x = jax.device_put(global_array(), NamedSharding(mesh, P("x")))
+    f = jax.jit(lambda a: jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P())))
+    result = hlo.report(f, x, title="gather")
+    sent = 3 * FULL // 4
+    assert result.counts["all-gather"] == 1 and result.total_bytes == sent
+    text = str(result)
+    assert "gather" in text and "f32[16,8]" in text and hlo.format_bytes(sent) in text
+    assert "arguments" in text and hlo.format_bytes(FULL // 4) in text
+    page = result._repr_html_()
+    assert page.count("<table") == 2 and "all-gather" in page and "f32[16,8]" in page
+    assert "1 op<" in page and f"{hlo.format_bytes(sent)}</td>" in page
+
+
+def test_report_of_a_program_without_collectives_says_none():
+    result = hlo.report(lambda a: a + 1, jnp.ones(4))
+    assert result.ops == () and result.total_bytes == 0
+    assert "none" in str(result) and "<table" in result._repr_html_()
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_missing_arguments_get_a_clear_error():
+    with pytest.raises(TypeError, match="Pass the example arguments"):
+        hlo.collective_counts(lambda a, b: a + b, jnp.ones(2))
+    with pytest.raises(TypeError, match="Pass the example arguments"):
+        hlo.report(jax.jit(lambda a: a))
+
+
+def test_a_non_function_is_rejected():
+    with pytest.raises(TypeError, match="expected a function"):
+        hlo.collectives(42)
+
+
+def test_ring_bytes_rejects_unknown_kinds_and_empty_groups():
+    with pytest.raises(ValueError, match="unknown collective kind"):
+        hlo.ring_bytes("all-scatter", 8, 2)
+    with pytest.raises(ValueError, match="at least 1"):
+        hlo.ring_bytes("all-reduce", 8, 0)
+
+
+@pytest.mark.parametrize("kind", hlo.KINDS[:-2] + ("all-to-all",))
+def test_a_group_of_one_sends_nothing(kind):
+    assert hlo.ring_bytes(kind, 1024, 1) == 0
+
+
+def test_unreadable_replica_groups_raise():
+    with pytest.raises(ValueError, match="cannot read replica_groups"):
+        hlo.parse_replica_groups("<mystery>")
+    with pytest.raises(ValueError, match="not in mesh"):
+        hlo.parse_replica_groups("mesh['a'=2] {'z'}")
+    with pytest.raises(ValueError, match="do not divide"):
+        hlo.parse_replica_groups("mesh['a'=6] {'a':(1)4}")
+
+
+# --------------------------------------------------------------------------- format_bytes
+
+
+@pytest.mark.parametrize(("n", "text"), [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1 KiB"), (1536, "1.5 KiB"),
+    (3 * 2**20, "3 MiB"), (int(2.25 * 2**30), "2.2 GiB"), (2**60, "1024 PiB"),
+])
+def test_format_bytes(n, text):
+    assert hlo.format_bytes(n) == text
+
+
+def test_format_bytes_rejects_negative_counts():
+    with pytest.raises(ValueError, match="non-negative"):
+        hlo.format_bytes(-1)
+
+
+# --------------------------------------------------------------------------- parser, literal HLO
+
+
+def test_replica_groups_three_spellings_agree():
+    explicit = hlo.parse_replica_groups("{{0,2,4,6},{1,3,5,7}}")
+    assert explicit == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert hlo.parse_replica_groups("[2,4]<=[4,2]T(1,0)") == explicit
+    assert hlo.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}") == explicit
+    assert hlo.parse_replica_groups("[2,4]<=[8]") == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert hlo.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}") == (
+        (0, 1), (2, 3), (4, 5), (6, 7))
+    assert hlo.parse_replica_groups("mesh['a'=4,'b'=2] {'a','b'}") == (tuple(range(8)),)
+    assert hlo.parse_replica_groups("{}") == ()
+
+
+def test_replica_groups_mesh_sub_axes_and_device_ids():
+    # 'x':(2)2 is the middle factor of x=8 = 2 (major) x 2 x 2 (minor).
+    assert hlo.parse_replica_groups("mesh['x'=8] {'x':(2)2}") == (
+        (0, 2), (1, 3), (4, 6), (5, 7))
+    assert hlo.parse_replica_groups("mesh['x'=8] {'x':(1)2}") == (
+        (0, 4), (1, 5), (2, 6), (3, 7))
+    # A non-iota mesh: devices [[0,2],[1,3]]; grouping over 'b' pairs each row.
+    assert hlo.parse_replica_groups("mesh['a'=2,'b'=2], device_ids=(0,2,1,3) {'b'}") == (
+        (0, 2), (1, 3))
+    # As the partitioner prints it: devices iota(8).reshape(4,2).T laid out as [1,2,4].
+    assert hlo.parse_replica_groups(
+        "mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_1'}"
+    ) == ((0, 1), (2, 3), (4, 5), (6, 7))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4).flatmap(
+    lambda dims: st.tuples(st.just(dims), st.permutations(range(len(dims))),
+                           st.integers(0, 10))))
+def test_iota_replica_groups_match_an_index_reference(case):
+    dims, perm, pick = case
+    total = math.prod(dims)
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    size = divisors[pick % len(divisors)]
+    text = f"[{total // size},{size}]<=[{','.join(map(str, dims))}]"
+    text += f"T({','.join(map(str, perm))})"
+    groups = hlo.parse_replica_groups(text)
+    # Reference: the p-th device of the flattened transposed iota, by index arithmetic.
+    transposed_dims = [dims[p] for p in perm]
+    flat = []
+    for position in range(total):
+        index_t = np.unravel_index(position, transposed_dims)
+        index = [0] * len(dims)
+        for axis_t, axis in enumerate(perm):
+            index[axis] = index_t[axis_t]
+        flat.append(int(np.ravel_multi_index(index, dims)))
+    assert groups == tuple(tuple(flat[i:i + size]) for i in range(0, total, size))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
+    lambda sizes: st.tuples(st.just(sizes),
+                            st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))))
+def test_mesh_replica_groups_vary_exactly_the_named_axes(case):
+    sizes, chosen = case
+    names = [f"ax{i}" for i in range(len(sizes))]
+    grouped = [n for n, c in zip(names, chosen, strict=True) if c]
+    text = ("mesh[" + ",".join(f"'{n}'={s}" for n, s in zip(names, sizes, strict=True)) + "] {"
+            + ",".join(f"'{n}'" for n in grouped) + "}")
+    groups = hlo.parse_replica_groups(text)
+    size = math.prod(s for s, c in zip(sizes, chosen, strict=True) if c)
+    assert all(len(g) == size for g in groups)
+    assert sorted(d for g in groups for d in g) == list(range(math.prod(sizes)))
+    for group in groups:
+        coords = [np.unravel_index(d, sizes) for d in group]
+        fixed = {tuple(int(c[i]) for i in range(len(sizes)) if not chosen[i]) for c in coords}
+        assert len(fixed) == 1  # the axes not named stay put inside a group
+
+
+MODULE = """\
+HloModule jit_f, is_scheduled=true, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%unused (p: f32[64]) -> f32[64] {
+  %p = f32[64]{0} parameter(0)
+  ROOT %never = f32[64]{0} all-reduce(%p), channel_id=9, replica_groups={{0,1}}, to_apply=%add
+}
+
+%rs_wrapped (q: f32[64,8]) -> f32[16,8] {
+  %q = f32[64,8]{1,0} parameter(0)
+  ROOT %rs = f32[16,8]{1,0} reduce-scatter(%q), channel_id=5, replica_groups=[2,4]<=[8], use_global_device_ids=true, dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (param.1: f32[16,8], param.2: bf16[4,16], param.3: f32[64,8]) -> f32[16,8] {
+  %param.1 = f32[16,8]{1,0} parameter(0), sharding={devices=[4,2]<=[8]}
+  %param.2 = bf16[4,16]{1,0} parameter(1)
+  %param.3 = f32[64,8]{1,0} parameter(2)
+  %ag-start = (f32[16,8]{1,0}, f32[64,8]{1,0}) all-gather-start(%param.1), channel_id=1, replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}, use_global_device_ids=true, metadata={op_name="body=%unused"}
+  %ag-done = f32[64,8]{1,0} all-gather-done(%ag-start)
+  %ar-start = f32[16,8]{1,0} all-reduce-start(%param.1), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  %ar-done = f32[16,8]{1,0} all-reduce-done(%ar-start)
+  %cp-start = (f32[16,8]{1,0}, f32[16,8]{1,0}, u32[], u32[]) collective-permute-start(%ar-done), channel_id=3, source_target_pairs={{0,1},{1,0},{2,3},{3,2}}
+  %cp-done = f32[16,8]{1,0} collective-permute-done(%cp-start)
+  %a2a = (bf16[4,16]{1,0}, bf16[4,16]{1,0}, bf16[4,16]{1,0}, bf16[4,16]{1,0}) all-to-all(%param.2, /*index=1*/%param.2, %param.2, %param.2), channel_id=4, replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0'}
+  %rs-start = ((f32[64,8]{1,0}), f32[16,8]{1,0}) async-start(%param.3), calls=%rs_wrapped
+  %rs-done = f32[16,8]{1,0} async-done(%rs-start), calls=%rs_wrapped
+  %pair = (f32[16,8]{1,0}, f32[16,8]{1,0}) all-reduce(%param.1, %param.1), channel_id=6, replica_groups={}, use_global_device_ids=true, to_apply=%add
+  %meshed = f32[16,8]{1,0} all-reduce(%param.1), channel_id=8, replica_groups=mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_1'}, use_global_device_ids=true, to_apply=%add
+  ROOT %self = f32[16,8]{1,0} collective-permute(%cp-done), channel_id=7, source_target_pairs={{0,0},{1,1}}
+}
+"""
+
+
+def test_literal_module_async_tuple_and_unreachable_forms():
+    ops = hlo.collectives_in_text(MODULE)
+    by_name = {op.name: op for op in ops}
+    # Async pairs count once (from -start); the async-wrapped reduce-scatter once; the
+    # all-reduce in the unreferenced computation (named only in metadata) not at all.
+    assert sorted(by_name) == [
+        "a2a", "ag-start", "ar-start", "cp-start", "meshed", "pair", "rs", "self"]
+    gathered = 64 * 8 * F32
+    assert (by_name["ag-start"].shape, by_name["ag-start"].group_size) == ((64, 8), 4)
+    assert by_name["ag-start"].bytes_sent == 3 * gathered // 4
+    block = 16 * 8 * F32
+    assert (by_name["ar-start"].group_size, by_name["ar-start"].bytes_sent) == (8, 2 * 7 * block // 8)
+    assert (by_name["cp-start"].group_size, by_name["cp-start"].bytes_sent) == (2, block)
+    assert by_name["self"].bytes_sent == 0  # every pair sends to itself
+    a2a = by_name["a2a"]
+    assert (a2a.dtype, a2a.group_size, a2a.buffer_bytes) == ("bf16", 4, 4 * 4 * 16 * 2)
+    assert a2a.bytes_sent == 3 * (4 * 4 * 16 * 2) // 4
+    assert a2a.shape_text == "4 x bf16[4,16]"
+    assert (by_name["rs"].group_size, by_name["rs"].bytes_sent) == (4, 3 * gathered // 4)
+    # replica_groups={} with global ids: one group of all 8 devices; both arrays charged.
+    pair = by_name["pair"]
+    assert pair.group_size == 8 and pair.shape == ((16, 8), (16, 8))
+    assert pair.bytes_sent == 2 * 7 * (2 * block) // 8
+    # The mesh spelling with device_ids runs past its inner commas up to `{axes}`.
+    meshed = by_name["meshed"]
+    assert meshed.groups == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert meshed.bytes_sent == 2 * 1 * block // 2
+    counts = hlo._counts(ops)
+    assert counts == {"all-gather": 1, "all-reduce": 3, "reduce-scatter": 1,
+                      "collective-permute": 2, "all-to-all": 1}
+
+
+def test_literal_module_with_an_undefined_operand_raises():
+    broken = MODULE.replace("all-to-all(%param.2,", "all-to-all(%nowhere,")
+    with pytest.raises(ValueError, match="nowhere"):
+        hlo.collectives_in_text(broken)
+
+
+def test_parse_shape_flattens_tuples_and_reads_dtypes():
+    buffers = hlo.parse_shape("(f32[4,16]{1,0}, (bf16[], pred[3]), s4[8], f8e4m3fn[2,2])")
+    assert [(b.dtype, b.shape, b.nbytes) for b in buffers] == [
+        ("f32", (4, 16), 256), ("bf16", (), 2), ("pred", (3,), 3), ("s4", (8,), 4),
+        ("f8e4m3fn", (2, 2), 4)]
