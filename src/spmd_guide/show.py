@@ -1,0 +1,572 @@
+"""Where each piece of an array lives: a text table and an HTML grid, one entry per block.
+
+A sharded ``jax.Array`` is cut into blocks; each block sits on one device or, where the array
+is replicated over a mesh axis, on several. ``shard_blocks`` reads that layout from
+``array.sharding.devices_indices_map`` (the sharding's own answer, so it works for any kind of
+sharding on any number of devices), ``layout_table`` prints it and ``layout_grid`` draws it,
+one coloured cell per block; ``devices_holding`` answers "who holds this element?".
+``gallery`` tries many partition specs on many meshes at once, for the book's gallery page,
+and ``ring_diagram`` draws the order in which ``jax.make_mesh`` strings a TPU board's devices
+(on ``tpu_v3_tray`` stand-ins, since the book runs without one).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from tabulate import tabulate
+
+#: Paul Tol's "light" qualitative colour scheme, in his recommended order: told apart under
+#: the common colour-vision deficiencies, and light enough for dark text on top. Device ``d``
+#: always gets ``PALETTE[d % len(PALETTE)]``, so a device has one colour on every page.
+PALETTE = (
+    "#77AADD", "#EE8866", "#EEDD88", "#FFAABB", "#99DDFF",
+    "#44BB99", "#BBCC33", "#AAAA00", "#DDDDDD",
+)
+#: Arrays larger than this are shown without their values (``data=True`` raises).
+MAX_DATA_ELEMENTS = 4096
+#: A grid cell shows at most this many values along each axis of its block (first and last).
+VALUES_PER_AXIS = 8
+
+_TEXT = "#1a1a1a"
+# Font stacks without quotes: they sit inside single-quoted style attributes.
+_FONT = "font-family:system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif;"
+_MONO = "font-family:ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace;"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One distinct piece of an array and every device that holds a copy of it."""
+
+    bounds: tuple[tuple[int, int], ...]
+    """``(start, stop)`` along each array dimension."""
+    devices: tuple[int, ...]
+    """Ids of the devices holding this block, ascending (several when replicated)."""
+    data: np.ndarray | None = None
+    """The block's values, when asked for and held by a device of this process."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(stop - start for start, stop in self.bounds)
+
+    @property
+    def index(self) -> str:
+        """The block as slices of the full array, e.g. ``[0:4, 0:2]``."""
+        return "[" + ", ".join(f"{start}:{stop}" for start, stop in self.bounds) + "]"
+
+    @property
+    def label(self) -> str:
+        """The devices holding the block, e.g. ``D0,D4``."""
+        return ",".join(f"D{d}" for d in self.devices)
+
+
+def _check_array(array: object, *, caller: str) -> jax.Array:
+    """The array itself if it is a concrete 1-D or 2-D ``jax.Array``; else a clear error."""
+    if isinstance(array, jax.core.Tracer):
+        raise TypeError(
+            f"{caller} needs a concrete jax.Array, but got a traced value (inside jax.jit or "
+            "another transformation, where no data is placed yet). Call it on the function's "
+            "result instead, or use jax.debug.inspect_array_sharding inside the function."
+        )
+    if not isinstance(array, jax.Array):
+        raise TypeError(
+            f"{caller} needs a jax.Array, got {type(array).__module__}.{type(array).__name__}. "
+            "Put the values on devices first, e.g. jax.device_put(x, sharding)."
+        )
+    if array.ndim not in (1, 2):
+        fix = (
+            "reshape it to 1-D, e.g. x.reshape(1)"
+            if array.ndim == 0
+            else "reshape it to 2-D (e.g. x.reshape(-1, x.shape[-1])) or index a 2-D slice "
+            "(e.g. x[0])"
+        )
+        raise ValueError(
+            f"{caller} shows 1-D and 2-D arrays; this one is {array.ndim}-D with shape "
+            f"{array.shape}. To look at it, {fix}."
+        )
+    if array.size == 0:
+        raise ValueError(f"{caller}: the array of shape {array.shape} has no elements to show.")
+    return array
+
+
+def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
+    """The distinct blocks of ``array``, in row-major order of their position.
+
+    Devices that hold the same slice of the array (a replicated block) share one ``Block``.
+    With ``data=True`` each block carries its values, read from the array's addressable shards.
+    """
+    array = _check_array(array, caller="shard_blocks")
+    if data and array.size > MAX_DATA_ELEMENTS:
+        raise ValueError(
+            f"This array has {array.size} elements, too many to show its values (the limit is "
+            f"{MAX_DATA_ELEMENTS}). Call it with data=False, or look at a smaller array."
+        )
+    holders: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for device, index in array.sharding.devices_indices_map(array.shape).items():
+        bounds = tuple(
+            tuple(part.indices(size)[:2]) for part, size in zip(index, array.shape, strict=True)
+        )
+        holders.setdefault(bounds, []).append(device.id)
+    local = {shard.device.id: shard for shard in array.addressable_shards} if data else {}
+    blocks = []
+    for bounds in sorted(holders):
+        devices = tuple(sorted(holders[bounds]))
+        values = next((np.asarray(local[d].data) for d in devices if d in local), None)
+        blocks.append(Block(bounds=bounds, devices=devices, data=values))
+    return blocks
+
+
+def devices_holding(array: jax.Array, index: Sequence[int]) -> tuple[int, ...]:
+    """Ids of the devices that hold the element ``array[index]`` (several if replicated)."""
+    blocks = shard_blocks(array)
+    if len(index) != array.ndim or not all(
+        0 <= i < size for i, size in zip(index, array.shape, strict=True)
+    ):
+        raise ValueError(f"Index {tuple(index)} is not an element of an array of shape "
+                         f"{array.shape}; give one non-negative index per dimension.")
+    return next(
+        block.devices for block in blocks
+        if all(start <= i < stop for i, (start, stop) in zip(index, block.bounds, strict=True))
+    )
+
+
+def layout_table(array: jax.Array, *, data: bool = False) -> str:
+    """A text table with one row per distinct block: devices, index slices, shape (and data).
+
+    A replicated block lists every device that holds a copy of it.
+    """
+    blocks = shard_blocks(array, data=data)
+    headers = ["devices", "index", "shape"] + (["data"] if data else [])
+    rows = []
+    for block in blocks:
+        row = [block.label.replace(",", ", "), block.index, str(block.shape)]
+        if data:
+            row.append(_array_text(block.data))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt="grid" if data else "simple",
+                    disable_numparse=True)
+
+
+def _array_text(values: np.ndarray | None) -> str:
+    if values is None:
+        return "(held by another process)"
+    return np.array2string(values, threshold=64, edgeitems=3, precision=4, suppress_small=True)
+
+
+@dataclass(frozen=True)
+class Html:
+    """Rendered HTML with a plain-text twin: notebooks and the book show the HTML."""
+
+    html: str
+    text: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def describe(array: jax.Array) -> str:
+    """One line: dtype and shape, and the partition spec and mesh where there is one."""
+    parts = [f"{array.dtype}{list(array.shape)}"]
+    sharding = array.sharding
+    if isinstance(sharding, NamedSharding):
+        axes = ", ".join(f"{name}={size}" for name, size in sharding.mesh.shape.items())
+        parts += [str(sharding.spec), f"mesh {axes}"]
+    else:
+        parts.append(type(sharding).__name__)
+    return " · ".join(parts)
+
+
+def layout_grid(array: jax.Array, *, data: bool = False, title: str | None = None) -> Html:
+    """An HTML grid of ``array``'s blocks, laid out like the array and coloured by device.
+
+    Each cell names the devices holding that block (``D0,D4`` for a block replicated on two
+    devices) and, with ``data=True``, the values it holds (first and last few of large blocks).
+    A 1-D array is one row of cells. Display it as a cell's last expression; ``str()`` gives the
+    text table instead.
+    """
+    blocks = shard_blocks(array, data=data)
+    shape = array.shape if array.ndim == 2 else (1, array.shape[0])
+    bounds = [b.bounds if array.ndim == 2 else ((0, 1),) + b.bounds for b in blocks]
+    row_cuts, col_cuts = (_cuts([bd[dim] for bd in bounds], shape[dim]) for dim in (0, 1))
+    cells = []
+    for block, (rows, cols) in zip(blocks, bounds, strict=True):
+        place = (
+            f"grid-row:{row_cuts.index(rows[0]) + 1}/{row_cuts.index(rows[1]) + 1};"
+            f"grid-column:{col_cuts.index(cols[0]) + 1}/{col_cuts.index(cols[1]) + 1};"
+        )
+        cells.append(_cell_html(block, place))
+    template = (
+        f"grid-template-rows:{_tracks(row_cuts)};grid-template-columns:{_tracks(col_cuts)};"
+    )
+    caption = describe(array)
+    caption_html = " · ".join(
+        f"<span style='white-space:nowrap'>{html.escape(part)}</span>"
+        for part in caption.split(" · ")
+    )
+    heading = ""
+    if title:
+        heading = f"<div style='font-weight:600;margin-bottom:2px'>{html.escape(title)}</div>"
+    markup = (
+        f"<div style='display:inline-block;vertical-align:top;margin:4px 0;color:{_TEXT};{_FONT}'>"
+        f"{heading}"
+        f"<div style='display:inline-grid;{template}gap:2px;background:#555;padding:2px;"
+        f"border-radius:3px'>{''.join(cells)}</div>"
+        f"<div style='font-size:0.8em;color:#555;margin-top:2px;width:13em;min-width:100%;{_MONO}'>"
+        f"{caption_html}</div>"
+        "</div>"
+    )
+    text = "\n".join(filter(None, [title, caption, layout_table(array, data=data)]))
+    return Html(html=markup, text=text)
+
+
+def _cuts(spans: list[tuple[int, int]], size: int) -> list[int]:
+    """Every block boundary along one dimension, so blocks of any size line up in the grid."""
+    return sorted({0, size, *(point for span in spans for point in span)})
+
+
+def _tracks(cuts: list[int]) -> str:
+    """Grid track sizes proportional to each stretch of the array (never below a readable size)."""
+    return " ".join(f"minmax(2.2em,{stop - start}fr)" for start, stop in pairwise(cuts))
+
+
+def _cell_html(block: Block, place: str) -> str:
+    colours = [PALETTE[d % len(PALETTE)] for d in block.devices]
+    if len(colours) == 1:
+        background = colours[0]
+        box = ""
+    else:  # a replicated block: a stripe in each holder's colour, text on a light box
+        stripe = 9
+        stops = ",".join(
+            f"{c} {i * stripe}px {(i + 1) * stripe}px" for i, c in enumerate(colours)
+        )
+        background = f"repeating-linear-gradient(135deg,{stops})"
+        box = "background:rgba(255,255,255,0.85);border-radius:3px;padding:0 4px;"
+    values = "" if block.data is None else _values_html(block.data, box)
+    return (
+        f"<div style='{place}background:{background};padding:4px 6px;display:flex;"
+        "flex-direction:column;align-items:center;justify-content:center;gap:2px;"
+        "min-width:2.6em'>"
+        f"<span style='font-weight:600;font-size:0.85em;{box}'>{html.escape(block.label)}</span>"
+        f"{values}</div>"
+    )
+
+
+def _kept(n: int) -> list[int | None]:
+    """Indices to show along an axis of length n; None marks the elided middle."""
+    if n <= VALUES_PER_AXIS:
+        return list(range(n))
+    half = VALUES_PER_AXIS // 2
+    return [*range(half), None, *range(n - half, n)]
+
+
+def _format_value(value: np.generic) -> str:
+    if isinstance(value, np.floating):
+        return f"{float(value):.4g}"
+    return str(value)
+
+
+def _values_html(values: np.ndarray, box: str) -> str:
+    matrix = values.reshape(1, -1) if values.ndim == 1 else values
+    rows = []
+    for i in _kept(matrix.shape[0]):
+        cols = []
+        for j in _kept(matrix.shape[1]):
+            if i is None:
+                text = "⋮"
+            elif j is None:
+                text = "⋯"
+            else:
+                text = _format_value(matrix[i, j])
+            cols.append(
+                f"<td style='padding:0 3px;text-align:right;border:none;{_MONO}'>{text}</td>"
+            )
+        rows.append(f"<tr style='background:none;border:none'>{''.join(cols)}</tr>")
+    return (
+        f"<table style='border-collapse:collapse;margin:0;font-size:0.78em;{_MONO}{box}'>"
+        f"{''.join(rows)}</table>"
+    )
+
+
+def side_by_side(*items: object, gap: str = "14px") -> Html:
+    """Objects with ``_repr_html_`` next to each other, wrapping onto new lines as needed."""
+    parts = [item._repr_html_() for item in items]  # type: ignore[attr-defined]
+    markup = (
+        f"<div style='display:flex;flex-wrap:wrap;gap:{gap};align-items:flex-start'>"
+        + "".join(f"<div>{part}</div>" for part in parts)
+        + "</div>"
+    )
+    return Html(html=markup, text="\n\n".join(str(item) for item in items))
+
+
+@dataclass(frozen=True)
+class GalleryEntry:
+    """One (mesh shape, partition spec) pair: the grid it gives, or the error JAX raised."""
+
+    mesh_shape: tuple[int, ...]
+    spec: PartitionSpec
+    grid: Html | None
+    error: str | None
+    """``"ExceptionType: message"`` when JAX refused the layout, else None."""
+    blocks: tuple[Block, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def summary(self) -> str:
+        """Short: each device's block shape and copies, or the exception type."""
+        if not self.ok:
+            return "✗ " + self.error.split(":", 1)[0]
+        copies = len(self.blocks[0].devices)
+        return f"{self.blocks[0].shape}" + (f" ×{copies}" if copies > 1 else "")
+
+    def _repr_html_(self) -> str:
+        if self.grid is not None:
+            return self.grid.html
+        return (
+            f"<div style='max-width:21em;border:2px solid #CC3311;border-radius:4px;"
+            f"padding:4px 8px;color:{_TEXT};background:#FFF4F0;{_FONT}'>"
+            f"<div style='font-weight:600'>{html.escape(str(self.spec))}</div>"
+            f"<div style='font-size:0.78em;white-space:pre-wrap;overflow-wrap:anywhere;{_MONO}'>"
+            f"{html.escape(self.error or '')}</div></div>"
+        )
+
+    def __str__(self) -> str:
+        return str(self.grid) if self.grid is not None else f"{self.spec}: {self.error}"
+
+
+def gallery_entry(values: object, mesh: jax.sharding.Mesh, spec: PartitionSpec, *,
+                  data: bool = True) -> GalleryEntry:
+    """Place ``values`` on ``mesh`` with ``spec``; the grid, or the ``ValueError`` JAX gives.
+
+    Only a ``ValueError`` (JAX's answer to a spec that does not fit the array or the mesh) is
+    caught and recorded; anything else is a bug and propagates.
+    """
+    mesh_shape = tuple(mesh.devices.shape)
+    try:
+        array = jax.device_put(values, NamedSharding(mesh, spec))
+    except ValueError as error:
+        return GalleryEntry(mesh_shape, spec, None, f"{type(error).__name__}: {error}")
+    grid = layout_grid(array, data=data, title=str(spec))
+    return GalleryEntry(mesh_shape, spec, grid, None, tuple(shard_blocks(array)))
+
+
+@dataclass(frozen=True)
+class Gallery:
+    """Every spec tried on every mesh shape, for one array."""
+
+    mesh_shapes: tuple[tuple[int, ...], ...]
+    axis_names: tuple[str, ...]
+    specs: tuple[PartitionSpec, ...]
+    entries: tuple[GalleryEntry, ...]
+
+    def entry(self, mesh_shape: Sequence[int], spec: PartitionSpec) -> GalleryEntry:
+        for entry in self.entries:
+            if entry.mesh_shape == tuple(mesh_shape) and entry.spec == spec:
+                return entry
+        raise KeyError(f"No gallery entry for mesh shape {tuple(mesh_shape)} and spec {spec}.")
+
+    def section(self, mesh_shape: Sequence[int]) -> Html:
+        """The entries for one mesh shape, side by side."""
+        return side_by_side(*(self.entry(mesh_shape, spec) for spec in self.specs))
+
+    def overview(self) -> Html:
+        """A spec x mesh-shape table: each device's block shape (×copies), or the error type."""
+        names = ", ".join(self.axis_names)
+        headers = ["spec"] + [f"mesh {shape}" for shape in self.mesh_shapes]
+        rows = [
+            [str(spec)] + [self.entry(shape, spec).summary() for shape in self.mesh_shapes]
+            for spec in self.specs
+        ]
+        cell = "padding:2px 5px;white-space:nowrap;"
+        head = "".join(f"<th style='{cell}'>{html.escape(h)}</th>" for h in headers)
+        body = []
+        for spec, row in zip(self.specs, rows, strict=True):
+            cells = [f"<td style='{cell}{_MONO}'>{html.escape(row[0])}</td>"]
+            for shape, text in zip(self.mesh_shapes, row[1:], strict=True):
+                bad = not self.entry(shape, spec).ok
+                colour = "background:#FFE4DC;" if bad else ""
+                cells.append(f"<td style='{cell}text-align:center;{colour}{_MONO}'>"
+                             f"{html.escape(text)}</td>")
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        markup = (
+            f"<div style='overflow-x:auto'><table style='border-collapse:collapse;"
+            f"font-size:0.8em;{_FONT}'><caption style='caption-side:top;"
+            f"text-align:left;font-size:0.85em'>Block shape on each device (×copies where "
+            f"replicated); mesh axes ({html.escape(names)})</caption>"
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+        )
+        return Html(html=markup, text=tabulate(rows, headers=headers, disable_numparse=True))
+
+
+def gallery(values: object, mesh_shapes: Sequence[Sequence[int]], specs: Sequence[PartitionSpec],
+            *, axis_names: Sequence[str] = ("data", "model"),
+            devices: Sequence[jax.Device] | None = None, data: bool = True) -> Gallery:
+    """Place ``values`` with every spec on a mesh of every shape (``jax.make_mesh``)."""
+    shapes = tuple(tuple(shape) for shape in mesh_shapes)
+    names = tuple(axis_names)
+    entries = []
+    for shape in shapes:
+        mesh = jax.make_mesh(shape, names, devices=devices)
+        entries += [gallery_entry(values, mesh, spec, data=data) for spec in specs]
+    return Gallery(shapes, names, tuple(specs), tuple(entries))
+
+
+# --- Device order on a TPU board ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandInDevice:
+    """Just enough of a TPU device for ``jax.experimental.mesh_utils.create_device_mesh``."""
+
+    id: int
+    coords: tuple[int, int, int]
+    core_on_chip: int
+    device_kind: str = "TPU v3"
+    platform: str = "tpu"
+
+
+def tpu_v3_tray() -> list[StandInDevice]:
+    """Stand-ins for the 8 devices of a TPU v3 board: 4 chips in a 2x2 layout, 2 cores each.
+
+    Ids go two per chip (core 0, core 1) and chips are numbered row by row, x fastest. This is
+    an assumed numbering, used to draw the ring; JAX's own code holds only the resulting order.
+    """
+    return [
+        StandInDevice(id=2 * chip + core, coords=(chip % 2, chip // 2, 0), core_on_chip=core)
+        for chip in range(4)
+        for core in range(2)
+    ]
+
+
+def _positions(devices: Sequence[object], order: Sequence[int], *,
+               complete: bool) -> dict[int, object]:
+    """Devices by id, after checking ``order`` names distinct ones (all of them if complete)."""
+    by_id = {}
+    for device in devices:
+        if not (hasattr(device, "coords") and hasattr(device, "core_on_chip")):
+            raise ValueError(
+                "Device order can only be drawn for devices with coords and core_on_chip "
+                f"(TPU devices, or show.tpu_v3_tray() stand-ins); got {device!r}."
+            )
+        by_id[device.id] = device
+    wanted = sorted(by_id) if complete else sorted(set(order) & set(by_id))
+    if sorted(order) != wanted or not order:
+        which = "every device" if complete else "distinct devices out of"
+        raise ValueError(
+            f"The order must list {which} {sorted(by_id)} exactly once; got {list(order)}."
+        )
+    return by_id
+
+
+def _steps(order: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive pairs around the ring, including the step from the last back to the first."""
+    return list(zip(order, [*order[1:], order[0]], strict=True))
+
+
+def ring_hops(devices: Sequence[object], order: Sequence[int]) -> list[int]:
+    """Chip-to-chip distance of each step around ``order`` (and back to its start).
+
+    ``order`` may be any ring of distinct devices, e.g. one row of a mesh.
+
+    0: both devices are cores of one chip; 1: neighbouring chips; 2 or more: the data must cross
+    an intermediate chip (on a 2x2 board, a diagonal step).
+    """
+    by_id = _positions(devices, order, complete=False)
+    hops = []
+    for here, there in _steps(order):
+        a, b = by_id[here].coords, by_id[there].coords
+        hops.append(sum(abs(p - q) for p, q in zip(a, b, strict=True)))
+    return hops
+
+
+def _passes_over(start: tuple[float, float], end: tuple[float, float],
+                 centres: list[tuple[float, float]], w: float, h: float) -> bool:
+    """Whether the straight line from start to end runs over a box of size w x h at a centre."""
+    for t in (i / 40 for i in range(1, 40)):
+        x, y = start[0] + t * (end[0] - start[0]), start[1] + t * (end[1] - start[1])
+        if any(abs(x - cx) < w / 2 and abs(y - cy) < h / 2 for cx, cy in centres):
+            return True
+    return False
+
+
+def _bend(start: tuple[float, float], end: tuple[float, float],
+          middle: tuple[float, float]) -> tuple[float, float]:
+    """A control point that bows the line from start to end away from the picture's middle."""
+    mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
+    nx, ny = start[1] - end[1], end[0] - start[0]  # perpendicular to the line
+    length = (nx * nx + ny * ny) ** 0.5
+    if (mx - middle[0]) * nx + (my - middle[1]) * ny < 0:
+        nx, ny = -nx, -ny
+    return mx + 52 * nx / length, my + 52 * ny / length
+
+
+def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
+                 title: str | None = None) -> Html:
+    """An SVG of chips and cores with the ring ``order`` drawn through them.
+
+    Each core is labelled with its device id and its step in the ring; steps between chips
+    that are not neighbours are dashed red.
+    """
+    by_id = _positions(devices, order, complete=True)
+    chip_w, chip_h, gap = 128, 80, 34
+    core_w, core_h = 48, 40
+
+    def centre(device_id: int) -> tuple[float, float]:
+        device = by_id[device_id]
+        x0 = 12 + device.coords[0] * (chip_w + gap)
+        y0 = 12 + device.coords[1] * (chip_h + gap)
+        return x0 + 11 + device.core_on_chip * (core_w + 10) + core_w / 2, y0 + 26 + core_h / 2
+
+    chips = sorted({tuple(d.coords) for d in by_id.values()})
+    width = 24 + (max(c[0] for c in chips) + 1) * (chip_w + gap) - gap
+    height = 24 + (max(c[1] for c in chips) + 1) * (chip_h + gap) - gap
+    parts = []
+    for cx, cy, _ in chips:
+        x0, y0 = 12 + cx * (chip_w + gap), 12 + cy * (chip_h + gap)
+        parts.append(f"<rect x='{x0}' y='{y0}' width='{chip_w}' height='{chip_h}' rx='6' "
+                     "fill='#f4f4f4' stroke='#555'/>")
+        parts.append(f"<text x='{x0 + 6}' y='{y0 + 15}' font-size='11' fill='#444'>"
+                     f"chip ({cx}, {cy})</text>")
+    hops = ring_hops(list(by_id.values()), order)
+    middle = (width / 2, height / 2)
+    for (here, there), hop in zip(_steps(order), hops, strict=True):
+        start, end = centre(here), centre(there)
+        others = [centre(d) for d in by_id if d not in (here, there)]
+        straight = start[0] == end[0] or start[1] == end[1]  # along a row or a column
+        if straight and _passes_over(start, end, others, core_w, core_h):
+            bend = _bend(start, end, middle)  # go around the cores in between
+        else:
+            bend = ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2)
+        style = "stroke='#CC3311' stroke-width='3' stroke-dasharray='7 5'" if hop > 1 else \
+            "stroke='#222' stroke-width='3'"
+        parts.append(f"<path d='M{start[0]},{start[1]} Q{bend[0]},{bend[1]} {end[0]},{end[1]}' "
+                     f"fill='none' {style}/>")
+    for step, device_id in enumerate(order):
+        x, y = centre(device_id)
+        colour = PALETTE[device_id % len(PALETTE)]
+        parts.append(f"<rect x='{x - core_w / 2}' y='{y - core_h / 2}' width='{core_w}' "
+                     f"height='{core_h}' rx='4' fill='{colour}' stroke='#222'/>")
+        parts.append(f"<text x='{x}' y='{y - 3}' font-size='14' font-weight='600' "
+                     f"text-anchor='middle' fill='{_TEXT}'>D{device_id}</text>")
+        parts.append(f"<text x='{x}' y='{y + 13}' font-size='10.5' text-anchor='middle' "
+                     f"fill='{_TEXT}'>step {step}</text>")
+    heading = f"<div style='font-weight:600'>{html.escape(title)}</div>" if title else ""
+    markup = (
+        f"<div style='display:inline-block;color:{_TEXT};{_FONT}'>{heading}"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
+        f"style='{_FONT}'>{''.join(parts)}</svg></div>"
+    )
+    text = (f"{title}: " if title else "") + " -> ".join(f"D{d}" for d in order)
+    return Html(html=markup, text=text)
