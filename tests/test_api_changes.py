@@ -45,3 +45,11 @@ def test_rows_carry_the_installed_version():
     table = rows()
     assert len(table) == len(CHANGES)
     assert all(f"in JAX {jax.__version__}" in row for row in table)
+
+
+def test_html_table_has_a_row_and_an_example_per_change():
+    from spmd_guide.api_changes import table_html
+
+    html = table_html()
+    assert html.count("<tr>") == 1 + 2 * len(CHANGES)
+    assert "jax.sharding.PositionalSharding" in html and "removed" in html

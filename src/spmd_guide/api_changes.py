@@ -230,3 +230,33 @@ def rows() -> list[dict[str, str]]:
         }
         for c in CHANGES
     ]
+
+
+_STATUS_COLOURS = {"removed": "#c0392b", "deprecated": "#b9770e"}
+
+
+def table_html() -> str:
+    """The changes as an HTML table that wraps inside a page: one row per change, its example below."""
+    from html import escape
+
+    head = (
+        "<tr><th style='width:36%'>old</th><th style='width:36%'>now</th>"
+        f"<th style='width:14%'>changed in</th><th style='width:14%'>in JAX {escape(jax.__version__)}</th></tr>"
+    )
+    body = []
+    for c in CHANGES:
+        status = c.status()
+        colour = _STATUS_COLOURS.get(status, "#1e8449")
+        body.append(
+            "<tr>"
+            f"<td><code>{escape(c.old)}</code></td><td>{escape(c.new)}</td>"
+            f"<td>{escape(c.version)}</td>"
+            f"<td><span style='color:{colour};font-weight:600'>{escape(status)}</span></td>"
+            "</tr>"
+            f"<tr><td colspan='4' style='padding-bottom:0.8em'>"
+            f"<code style='white-space:pre-wrap;word-break:break-word'>{escape(c.example)}</code></td></tr>"
+        )
+    return (
+        "<table style='display:table;table-layout:fixed;width:100%'>"
+        f"<thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
+    )
