@@ -16,6 +16,7 @@ EXPECTED_IN_0_10 = {
     "GSPMD partitioner (jax_use_shardy_partitioner=False)": "jax_use_shardy_partitioner = True",
     "jax.experimental.shard_map.shard_map": "deprecated",
     "shard_map(..., check_rep=...)": "removed",
+    "jax.lax.pvary(x, 'x')": "removed",
     "jax.pmap": "present",
     "jax.device_put_sharded / jax.device_put_replicated": "removed",
     "jax.xla_computation(f)(x)": "removed",

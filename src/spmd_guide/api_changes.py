@@ -176,6 +176,14 @@ CHANGES: tuple[ApiChange, ...] = (
         "III",
     ),
     ApiChange(
+        "jax.lax.pvary(x, 'x')",
+        "jax.lax.pcast(x, 'x', to='varying')",
+        "deprecated 0.8.2, removed 0.10.0",
+        "jax.lax.pvary(x, 'x') -> jax.lax.pcast(x, 'x', to='varying')",
+        lambda: resolve("jax.lax.pvary"),
+        "III",
+    ),
+    ApiChange(
         "jax.pmap",
         "jax.shard_map (jax.pmap is now built on jit + shard_map, in maintenance mode)",
         "0.8.0",

@@ -1,0 +1,658 @@
+"""``shard_map`` and its collectives, as tiny worked examples, plus pictures of what moves where.
+
+Inside ``jax.shard_map`` a function sees *one block per device*: ``in_specs`` say how each
+input is cut into blocks, ``out_specs`` how the output blocks are put back together. The
+collectives (``jax.lax.psum``, ``all_gather``, ``ppermute``, ...) are the only way blocks on
+different devices talk to each other.
+
+This module holds
+
+- the chapter's first example (:func:`block_sum`, :func:`block_sums`, :func:`global_sum`);
+- one *kernel* per collective -- a function ``kernel(block, axis_name)`` that one device runs
+  on its block -- gathered in the registry :data:`EXAMPLES` with the input each is shown on;
+- :func:`per_device_result`, which runs a kernel and returns what *every* device holds
+  afterwards (the thing the pictures draw and the tests compare with numpy);
+- a general drawing function, :func:`draw_panels`, that draws what each device holds at
+  several moments (:class:`Panel`), coloured by the device each value came from, with
+  optional arrows for point-to-point sends; :func:`draw_collective` applies it to an example
+  (the collective matmul chapter reuses it for its ring diagrams);
+- what the compiler makes of each example (:func:`hlo_rows`: HLO op, count, bytes per device
+  from :mod:`spmd_guide.hlo`) and how the ring cost grows with the devices
+  (:func:`ring_scaling`);
+- the exercises' answers (:func:`mean_via_psum`, :func:`psum_in_two_steps`,
+  :func:`global_positions`) and :func:`rows_to_columns` (a resharding by ``all_to_all``).
+
+Every function takes the mesh and the axis name as arguments: nothing is read from globals.
+Inputs are placed on the mesh (``jax.device_put`` with ``NamedSharding(mesh, P(axis_name))``)
+before ``shard_map`` sees them, so the functions work on meshes with ``Auto`` or ``Explicit``
+axes alike (an Explicit-axes mesh rejects inputs not already laid out as ``in_specs`` say).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import hlo
+
+Kernel = Callable[[jax.Array, str], jax.Array]
+
+COMBINED = -1
+"""Origin marker for a value reduced over several devices (drawn white with a grey border)."""
+
+# --------------------------------------------------------------------------------------
+# Checks at the boundary
+# --------------------------------------------------------------------------------------
+
+
+def axis_size(mesh: Mesh, axis_name: str) -> int:
+    """Devices along ``axis_name`` of ``mesh``; a clear error for a wrong mesh or axis name."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            "mesh must be a jax.sharding.Mesh, e.g. jax.make_mesh((8,), ('x',)); "
+            f"got {type(mesh).__name__}."
+        )
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"the mesh has axes {mesh.axis_names}, not {axis_name!r}: pass axis_name= one of them."
+        )
+    return int(mesh.shape[axis_name])
+
+
+def _placed(x: Any, mesh: Mesh, axis_name: str) -> jax.Array:
+    """``x`` laid out as ``P(axis_name)``; a clear error if it cannot be."""
+    n = axis_size(mesh, axis_name)
+    shape = np.shape(x)
+    if len(shape) == 0 or shape[0] % n:
+        raise ValueError(
+            f"an input of shape {shape} cannot be cut into {n} equal "
+            f"blocks along its first axis (mesh axis {axis_name!r} has "
+            f"{n} devices): use a first dimension divisible by {n}."
+        )
+    return jax.device_put(x, NamedSharding(mesh, P(axis_name)))
+
+
+def blocks(x: Any, n_devices: int) -> np.ndarray:
+    """The blocks ``in_specs=P(axis)`` gives each of ``n_devices`` devices, stacked:
+    ``blocks(x, n)[d]`` is device d's (numpy, for references and pictures)."""
+    x = np.asarray(x)
+    if x.ndim == 0 or x.shape[0] % n_devices:
+        raise ValueError(
+            f"an input of shape {x.shape} cannot be cut into {n_devices} equal blocks along "
+            f"its first axis: use a first dimension divisible by {n_devices}."
+        )
+    return x.reshape(n_devices, x.shape[0] // n_devices, *x.shape[1:])
+
+
+# --------------------------------------------------------------------------------------
+# The first example: a sum, block by block
+# --------------------------------------------------------------------------------------
+
+
+def block_sum(block: jax.Array) -> jax.Array:
+    """One device's work: the sum of its block, shape (1,)."""
+    return block.sum(keepdims=True)
+
+
+def block_sums(x: Any, mesh: Mesh, *, axis_name: str = "x") -> jax.Array:
+    """Every device's block sum, stacked by ``out_specs``."""
+    x = _placed(x, mesh, axis_name)
+    return jax.shard_map(block_sum, mesh=mesh,
+                         in_specs=P(axis_name),
+                         out_specs=P(axis_name))(x)
+
+
+def summed_over_devices(block: jax.Array, axis_name: str) -> jax.Array:
+    """The block's sum, then ``psum``: the same total everywhere."""
+    return jax.lax.psum(block_sum(block), axis_name)
+
+
+def global_sum(x: Any, mesh: Mesh, *, axis_name: str = "x") -> jax.Array:
+    """The total of ``x``, shape (1,), returned once (``P()``)."""
+    x = _placed(x, mesh, axis_name)
+    kernel = partial(summed_over_devices, axis_name=axis_name)
+    return jax.shard_map(kernel, mesh=mesh,
+                         in_specs=P(axis_name), out_specs=P())(x)
+
+
+def traced_types(kernel: Kernel, x: Any, mesh: Mesh, *, axis_name: str = "x"
+                 ) -> tuple[str, str]:
+    """``jax.typeof`` of one device's block and of the kernel's result, as JAX prints them.
+
+    A ``{V:x}`` suffix marks a value that *varies* over the manual mesh axis ``x``; a value
+    without it is known to be the same on every device. Traced only (nothing is compiled).
+    """
+    x = _placed(x, mesh, axis_name)
+    seen: list[str] = []
+
+    def spy(block: jax.Array) -> jax.Array:
+        result = kernel(block, axis_name)
+        seen.extend([str(jax.typeof(block)), str(jax.typeof(result))])
+        return jnp.expand_dims(result, 0)
+
+    jax.eval_shape(jax.shard_map(spy, mesh=mesh, in_specs=P(axis_name),
+                                 out_specs=P(axis_name)), x)
+    return seen[0], seen[1]
+
+
+# --------------------------------------------------------------------------------------
+# One kernel per collective (each shown in the chapter: keep lines within 80 columns)
+# --------------------------------------------------------------------------------------
+
+
+def psum_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Every device gets the elementwise sum of all blocks."""
+    return jax.lax.psum(block, axis_name)
+
+
+def pmean_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Every device gets the elementwise mean of all blocks."""
+    return jax.lax.pmean(block, axis_name)
+
+
+def all_gather_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Every device gets all blocks, stacked: shape (n, *block.shape)."""
+    return jax.lax.all_gather(block, axis_name, axis=0, tiled=False)
+
+
+def all_gather_tiled_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Every device gets all blocks, concatenated along axis 0."""
+    return jax.lax.all_gather(block, axis_name, axis=0, tiled=True)
+
+
+def psum_scatter_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Sum the blocks; device d keeps entry d (needs len(block) == n)."""
+    return jax.lax.psum_scatter(block, axis_name,
+                                scatter_dimension=0, tiled=False)
+
+
+def psum_scatter_tiled_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Sum the blocks; device d keeps the d-th of n equal slices."""
+    return jax.lax.psum_scatter(block, axis_name,
+                                scatter_dimension=0, tiled=True)
+
+
+def ring_shift_kernel(block: jax.Array, axis_name: str, *,
+                      step: int = 1) -> jax.Array:
+    """Device i sends its block to device (i + step) % n."""
+    n = jax.lax.axis_size(axis_name)
+    perm = [(i, (i + step) % n) for i in range(n)]
+    return jax.lax.ppermute(block, axis_name, perm=perm)
+
+
+def all_to_all_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """A row block (r, c) becomes a column block (r * n, c / n).
+
+    Each device cuts its block into n column chunks and sends chunk j
+    to device j, which stacks the n chunks it receives as rows.
+    """
+    return jax.lax.all_to_all(block, axis_name,
+                              split_axis=1, concat_axis=0, tiled=True)
+
+
+def axis_index_kernel(block: jax.Array, axis_name: str) -> jax.Array:
+    """Each device's own position along the axis, shape (1,)."""
+    return jax.lax.axis_index(axis_name)[None]
+
+
+def rows_to_columns(x: Any, mesh: Mesh, *,
+                    axis_name: str = "x") -> jax.Array:
+    """The same matrix, resharded from rows to columns by all_to_all."""
+    n = axis_size(mesh, axis_name)
+    if np.ndim(x) != 2 or np.shape(x)[1] % n:
+        raise ValueError(
+            f"rows_to_columns needs a matrix whose column count divides "
+            f"by {n}, got shape {np.shape(x)}.")
+    x = _placed(x, mesh, axis_name)
+    kernel = partial(all_to_all_kernel, axis_name=axis_name)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=P(axis_name),
+                         out_specs=P(None, axis_name))(x)
+
+
+# --------------------------------------------------------------------------------------
+# The chapter's exercises (their answers, checked by the tests)
+# --------------------------------------------------------------------------------------
+
+
+def mean_via_psum(block: jax.Array, axis_name: str) -> jax.Array:
+    """The mean of the whole array, with one ``psum``."""
+    total = jax.lax.psum(block.sum(), axis_name)
+    return total / (block.size * jax.lax.axis_size(axis_name))
+
+
+def psum_in_two_steps(block: jax.Array, axis_name: str) -> jax.Array:
+    """``psum`` as a reduce-scatter, then an all-gather."""
+    piece = jax.lax.psum_scatter(block, axis_name,
+                                 scatter_dimension=0, tiled=True)
+    return jax.lax.all_gather(piece, axis_name, axis=0, tiled=True)
+
+
+def global_positions(block: jax.Array, axis_name: str) -> jax.Array:
+    """The index in the whole array of each element of the block."""
+    start = jax.lax.axis_index(axis_name) * block.shape[0]
+    return start + jnp.arange(block.shape[0])
+
+
+# --------------------------------------------------------------------------------------
+# The registry of worked examples
+# --------------------------------------------------------------------------------------
+
+Movement = Literal["moved", "combined", "local"]
+
+
+@dataclass(frozen=True)
+class CollectiveExample:
+    """One collective, the kernel that shows it, the input it is shown on, and its HLO op.
+
+    ``movement`` says how to colour the result: ``"moved"`` values keep the colour of the
+    device they came from, ``"combined"`` values are reduced over devices (white),
+    ``"local"`` values are computed on the device that holds them.
+    """
+
+    name: str
+    call: str
+    kernel: Kernel
+    hlo_op: str | None
+    movement: Movement
+    input_shape: Callable[[int], tuple[int, ...]]
+    ring: bool = False
+
+    def example_input(self, n_devices: int) -> np.ndarray:
+        """``0, 1, 2, ...`` (float32) in this example's global shape for ``n_devices``."""
+        shape = self.input_shape(n_devices)
+        return np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+
+    def arrows(self, n_devices: int) -> list[tuple[int, int]]:
+        """The (source, destination) sends to draw: the ring for ``ppermute``, else none."""
+        return [(i, (i + 1) % n_devices) for i in range(n_devices)] if self.ring else []
+
+
+EXAMPLES: dict[str, CollectiveExample] = {
+    example.name: example
+    for example in (
+        CollectiveExample("psum", "psum(block, 'x')", psum_kernel, "all-reduce", "combined",
+                          lambda n: (2 * n,)),
+        CollectiveExample("pmean", "pmean(block, 'x')", pmean_kernel, "all-reduce",
+                          "combined", lambda n: (2 * n,)),
+        CollectiveExample("all_gather", "all_gather(block, 'x', tiled=False)",
+                          all_gather_kernel, "all-gather", "moved", lambda n: (2 * n,)),
+        CollectiveExample("all_gather_tiled", "all_gather(block, 'x', tiled=True)",
+                          all_gather_tiled_kernel, "all-gather", "moved", lambda n: (2 * n,)),
+        CollectiveExample("psum_scatter", "psum_scatter(block, 'x', tiled=False)",
+                          psum_scatter_kernel, "reduce-scatter", "combined",
+                          lambda n: (n * n,)),
+        CollectiveExample("psum_scatter_tiled", "psum_scatter(block, 'x', tiled=True)",
+                          psum_scatter_tiled_kernel, "reduce-scatter", "combined",
+                          lambda n: (n * n,)),
+        CollectiveExample("ppermute", "ppermute(block, 'x', perm=[(i, (i+1) % n)])",
+                          ring_shift_kernel, "collective-permute", "moved",
+                          lambda n: (2 * n,), ring=True),
+        CollectiveExample("all_to_all", "all_to_all(block, 'x', 1, 0, tiled=True)",
+                          all_to_all_kernel, "all-to-all", "moved", lambda n: (n, n)),
+        CollectiveExample("axis_index", "axis_index('x')", axis_index_kernel, None, "local",
+                          lambda n: (2 * n,)),
+    )
+}
+"""The chapter's worked examples, one per collective (all_gather and psum_scatter twice)."""
+
+
+def example(name: str) -> CollectiveExample:
+    """The worked example called ``name``; a clear error listing the names otherwise."""
+    if name not in EXAMPLES:
+        raise ValueError(f"no collective example {name!r}; choose one of {sorted(EXAMPLES)}.")
+    return EXAMPLES[name]
+
+
+# --------------------------------------------------------------------------------------
+# Running a kernel: what does every device hold afterwards?
+# --------------------------------------------------------------------------------------
+
+
+def per_device_function(kernel: Kernel, mesh: Mesh, *,
+                        axis_name: str = "x") -> Callable:
+    """``kernel`` under ``shard_map``; output [d] is device d's result.
+
+    Each device's result gets a new leading axis of size 1, and
+    ``out_specs=P(axis_name)`` stacks them: nothing is lost even when
+    the devices hold different values.
+    """
+    axis_size(mesh, axis_name)
+
+    def one_device(block: jax.Array) -> jax.Array:
+        return jnp.expand_dims(kernel(block, axis_name), 0)
+
+    return jax.shard_map(one_device, mesh=mesh,
+                         in_specs=P(axis_name), out_specs=P(axis_name))
+
+
+def per_device_result(kernel: Kernel, x: Any, mesh: Mesh, *, axis_name: str = "x"
+                      ) -> np.ndarray:
+    """Run ``kernel`` on each device's block of ``x``; ``result[d]`` is device d's output."""
+    placed = _placed(x, mesh, axis_name)
+    return np.asarray(_jitted(kernel, mesh, axis_name)(placed))
+
+
+@lru_cache(maxsize=64)
+def _jitted(kernel: Kernel, mesh: Mesh, axis_name: str) -> Callable[[jax.Array], jax.Array]:
+    """One jitted per-device function per (kernel, mesh, axis), so a picture reuses the
+    program its numbers came from instead of compiling it again."""
+    return jax.jit(per_device_function(kernel, mesh, axis_name=axis_name))
+
+
+def run_example(name: str, mesh: Mesh, *, axis_name: str = "x") -> tuple[np.ndarray, np.ndarray]:
+    """``(input, per-device result)`` of the worked example ``name`` on ``mesh``."""
+    ex = example(name)
+    x = ex.example_input(axis_size(mesh, axis_name))
+    return x, per_device_result(ex.kernel, x, mesh, axis_name=axis_name)
+
+
+# --------------------------------------------------------------------------------------
+# Pictures: what each device holds, before and after
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Panel:
+    """What every device holds at one moment, for :func:`draw_panels`.
+
+    ``values[d]`` is what device d holds (any shape; drawn flattened, one cell per element).
+    ``origins[d]`` has the same size: for each cell, the device whose colour it gets, or
+    :data:`COMBINED` (-1) for a value reduced over several devices. By default every cell
+    takes the colour of the device holding it. ``caption`` is drawn under the panel.
+    """
+
+    title: str
+    values: Sequence[Any]
+    origins: Sequence[Any] | None = None
+    caption: str = ""
+
+    def cells(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per device: (flat values, flat origin of each value), checked for matching sizes."""
+        out = []
+        for d, held in enumerate(self.values):
+            flat = np.ravel(np.asarray(held))
+            if self.origins is None:
+                origin = np.full(flat.shape, d)
+            else:
+                origin = np.ravel(np.asarray(self.origins[d])).astype(int)
+                if origin.shape != flat.shape:
+                    raise ValueError(
+                        f"panel {self.title!r}: device {d} holds {flat.size} values but has "
+                        f"{origin.size} origins; give one origin per value."
+                    )
+            out.append((flat, origin))
+        if self.origins is not None and len(self.origins) != len(self.values):
+            raise ValueError(
+                f"panel {self.title!r}: values for {len(self.values)} devices but origins for "
+                f"{len(self.origins)}."
+            )
+        return out
+
+
+def device_color(origin: int) -> tuple[float, float, float, float]:
+    """Device ``origin``'s colour, the same as in :mod:`spmd_guide.show` (``PALETTE``, repeating
+    after its length); white for :data:`COMBINED` (drawn with a grey border)."""
+    from matplotlib.colors import to_rgba
+
+    from spmd_guide.show import PALETTE
+
+    if origin == COMBINED:
+        return (1.0, 1.0, 1.0, 1.0)
+    if origin < 0:
+        raise ValueError(f"an origin is a device index >= 0 or COMBINED (-1), got {origin}.")
+    return to_rgba(PALETTE[origin % len(PALETTE)])
+
+
+def _label(value: Any, fmt: str) -> str:
+    return fmt.format(value.item() if hasattr(value, "item") else value)
+
+
+def draw_panels(
+    panels: Sequence[Panel],
+    *,
+    arrows: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+    gap_labels: Sequence[str] | None = None,
+    title: str | None = None,
+    fmt: str = "{:g}",
+    cell_inches: float = 0.32,
+    device_label: str = "device {}",
+) -> Any:
+    """Draw what each device holds at successive moments, left to right; return the Figure.
+
+    Each panel is a grid with one row per device (device 0 on top) and one cell per value,
+    labelled with the value (``fmt``) and coloured by the device the value came from
+    (:func:`device_color`; white for values combined over devices). Between panel k and k+1:
+
+    - ``arrows[k]``: (source device, destination device) pairs, drawn as arrows from the
+      source row of panel k to the destination row of panel k+1 (e.g. a ring of sends);
+    - ``gap_labels[k]``: text over the gap (e.g. the collective's name).
+
+    Works for any number of panels and devices (colours repeat after ``len(PALETTE)``
+    devices). A ring diagram is a list of panels, one per step, with the ring's sends as
+    ``arrows``; for example, four devices passing blocks of ``rhs`` one step round a ring::
+
+        ring = [(i, (i + 1) % 4) for i in range(4)]
+        held = [[0, 1, 2, 3], [3, 0, 1, 2], [2, 3, 0, 1]]  # held[k][d]: block on d at step k
+        steps = [Panel(f"step {k}", [[f"B{b}"] for b in held[k]], origins=[[b] for b in held[k]])
+                 for k in range(3)]
+        fig = draw_panels(steps, arrows=[ring, ring], gap_labels=["ppermute", "ppermute"],
+                          fmt="{}")
+
+    Values may be numbers (labelled with ``fmt``) or strings (use ``fmt="{}"``). Every cell
+    is a ``Rectangle`` with gid ``"cell"``, every arrow a ``FancyArrowPatch`` with gid
+    ``"arrow"`` and every cell label a ``Text`` with gid ``"value"``, so tests can count
+    them. The figure is closed before it is returned: display it (a notebook shows a
+    returned figure) or save it with ``fig.savefig``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+
+    if not panels:
+        raise ValueError("draw_panels needs at least one Panel.")
+    contents = [panel.cells() for panel in panels]
+    n_devices = len(contents[0])
+    if n_devices == 0:
+        raise ValueError("a Panel needs the values of at least one device.")
+    for panel, cells in zip(panels, contents):
+        if len(cells) != n_devices:
+            raise ValueError(
+                f"panel {panel.title!r} has {len(cells)} devices, the first panel {n_devices}: "
+                "every panel must show the same devices."
+            )
+    gaps = len(panels) - 1
+    arrows = list(arrows) if arrows is not None else [None] * gaps
+    gap_labels = list(gap_labels) if gap_labels is not None else [""] * gaps
+    if len(arrows) != gaps or len(gap_labels) != gaps:
+        raise ValueError(
+            f"{len(panels)} panels have {gaps} gaps: give arrows and gap_labels one entry per "
+            f"gap (got {len(arrows)} and {len(gap_labels)})."
+        )
+    for sends in arrows:
+        for src, dst in sends or ():
+            if not (0 <= src < n_devices and 0 <= dst < n_devices):
+                raise ValueError(f"arrow ({src}, {dst}) names a device outside 0..{n_devices - 1}.")
+
+    layout = _Layout.of(panels, contents, gap_labels, title)
+    any_combined = any((origin == COMBINED).any() for cells in contents for _, origin in cells)
+    top = 2.2 if title else 1.4
+    bottom = (1.6 if any(panel.caption for panel in panels) else 0.6) + (0.9 if any_combined else 0)
+    fig, ax = plt.subplots(figsize=(layout.width * cell_inches,
+                                    (n_devices + top + bottom) * cell_inches))
+    fig.subplots_adjust(0, 0, 1, 1)
+    ax.set_xlim(0, layout.width)
+    ax.set_ylim(n_devices + bottom, -top)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    size = max(5.0, cell_inches * 25)  # points: the text scales with the cells
+    # Cells and arrows go in with add_artist, not add_patch: the limits are fixed above,
+    # and add_patch's per-patch limit update costs more than drawing them.
+
+    for d in range(n_devices):
+        ax.text(layout.cells_at[0] - 0.3, d + 0.5, device_label.format(d), ha="right",
+                va="center", fontsize=size)
+    for k, (panel, cells) in enumerate(zip(panels, contents)):
+        x0, middle = layout.cells_at[k], layout.cells_at[k] + layout.widths[k] / 2
+        ax.text(middle, -0.35, panel.title, ha="center", va="bottom", fontsize=size * 1.05,
+                fontweight="bold")
+        if panel.caption:
+            ax.text(middle, n_devices + 0.3, panel.caption, ha="center", va="top",
+                    fontsize=size * 0.95)
+        for d, (flat, origin) in enumerate(cells):
+            for i, (value, src) in enumerate(zip(flat, origin)):
+                ax.add_artist(Rectangle((x0 + i, d + 0.06), 1, 0.88,
+                                        facecolor=device_color(src),
+                                        edgecolor=_CELL_EDGE[src == COMBINED], linewidth=1.0,
+                                        gid="cell"))
+                ax.text(x0 + i + 0.5, d + 0.5, _label(value, fmt), ha="center", va="center",
+                        fontsize=size * 0.9, gid="value")
+    for k in range(len(panels) - 1):
+        x_from = layout.cells_at[k] + layout.widths[k] + 0.25
+        x_to = layout.cells_at[k + 1] - 0.25
+        for src, dst in arrows[k] or ():
+            ax.add_artist(FancyArrowPatch((x_from, src + 0.5), (x_to, dst + 0.5),
+                                          arrowstyle="-|>", mutation_scale=9, color="0.25",
+                                          linewidth=0.9, gid="arrow"))
+        if not arrows[k]:
+            ax.annotate("", xy=(x_to, n_devices / 2), xytext=(x_from, n_devices / 2),
+                        arrowprops=dict(arrowstyle="-|>", color="0.35", linewidth=1.5))
+        if gap_labels[k]:
+            y = -0.35 if arrows[k] else n_devices / 2 - 0.25
+            ax.text((x_from + x_to) / 2, y, gap_labels[k], ha="center", va="bottom",
+                    fontsize=size * 0.95, style="italic")
+    if title:
+        ax.text(layout.width / 2, -top + 0.2, title, ha="center", va="top", fontsize=size * 1.2)
+    if any_combined:
+        ax.legend(handles=[Patch(facecolor=device_color(COMBINED), edgecolor=_CELL_EDGE[True],
+                                 label="combined over all devices (a reduction)")],
+                  loc="lower center", fontsize=size * 0.9, frameon=False,
+                  bbox_to_anchor=(0.5, 0.0))
+    plt.close(fig)  # returned, not shown twice: a notebook displays the returned figure
+    return fig
+
+
+_CELL_EDGE = {False: "white", True: "0.55"}
+_CHAR = 0.21  # width of one character of label text, in cells, at the default font size
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where each panel's cells start (x, in cell units), their widths, the figure's width."""
+
+    cells_at: tuple[float, ...]
+    widths: tuple[int, ...]
+    width: float
+
+    @classmethod
+    def of(cls, panels: Sequence[Panel], contents: list, gap_labels: Sequence[str],
+           title: str | None) -> _Layout:
+        widths = tuple(max(1, max(flat.size for flat, _ in cells)) for cells in contents)
+        cursor, cells_at = 4.2, []  # room for the device labels on the left
+        for k, (panel, width) in enumerate(zip(panels, widths)):
+            # A panel's slot is wide enough for its cells, its title and its caption.
+            slot = max(width, _CHAR * 1.1 * len(panel.title), _CHAR * len(panel.caption))
+            cells_at.append(cursor + (slot - width) / 2)
+            cursor += slot
+            if k < len(gap_labels):
+                cursor += max(4.0, _CHAR * len(gap_labels[k]) + 1.0)
+        width = max(cursor + 0.5, _CHAR * 1.2 * len(title or "") + 1.0)
+        return cls(tuple(cells_at), widths, width)
+
+
+def example_panels(name: str, mesh: Mesh, *, axis_name: str = "x") -> list[Panel]:
+    """The before/after panels of the worked example ``name``, values computed on ``mesh``.
+
+    Before: each device's input block, in its own colour. After: what each device holds,
+    coloured by where each value came from. For collectives that only move data, the origin
+    of every value is found by running the same kernel on an array that holds each block's
+    device index -- the values land exactly where the data lands.
+    """
+    ex = example(name)
+    n = axis_size(mesh, axis_name)
+    x, result = run_example(name, mesh, axis_name=axis_name)
+    before = blocks(x, n)
+    if ex.movement == "moved":
+        marks = np.broadcast_to(np.arange(n, dtype=np.float32).reshape(
+            (n,) + (1,) * (x.ndim)), before.shape).reshape(x.shape)
+        origins = per_device_result(ex.kernel, marks, mesh, axis_name=axis_name).astype(int)
+    elif ex.movement == "combined":
+        origins = np.full(result.shape, COMBINED)
+    else:
+        origins = np.broadcast_to(
+            np.arange(n).reshape((n,) + (1,) * (result.ndim - 1)), result.shape)
+    return [
+        Panel("before", list(before), caption=f"each device: {_shape(before[0])}"),
+        Panel("after", list(result), list(origins), caption=f"each device: {_shape(result[0])}"),
+    ]
+
+
+def _shape(block: np.ndarray) -> str:
+    return f"{block.dtype.name[0]}{block.dtype.itemsize * 8}[{','.join(map(str, block.shape))}]"
+
+
+def draw_collective(name: str, mesh: Mesh, *, axis_name: str = "x", **options: Any) -> Any:
+    """The before/after picture of the worked example ``name`` (options go to draw_panels)."""
+    ex = example(name)
+    n = axis_size(mesh, axis_name)
+    sends = ex.arrows(n)
+    options.setdefault("title", f"jax.lax.{ex.call}")
+    return draw_panels(example_panels(name, mesh, axis_name=axis_name),
+                       arrows=[sends or None], gap_labels=[ex.hlo_op or "no communication"],
+                       **options)
+
+
+# --------------------------------------------------------------------------------------
+# What the compiler makes of each collective
+# --------------------------------------------------------------------------------------
+
+
+def hlo_rows(mesh: Mesh, *, axis_name: str = "x") -> list[dict[str, Any]]:
+    """One row per worked example: its HLO collectives, their count and bytes per device.
+
+    Counts and bytes come from the compiled program (:mod:`spmd_guide.hlo`): ``buffer`` is
+    the array the ring model charges, ``B`` its bytes, ``n`` the devices in the collective's
+    group and ``sent`` the bytes one device sends (:func:`spmd_guide.hlo.ring_bytes`).
+    """
+    rows = []
+    for name, ex in EXAMPLES.items():
+        x = _placed(ex.example_input(axis_size(mesh, axis_name)), mesh, axis_name)
+        ops = hlo.collectives(_jitted(ex.kernel, mesh, axis_name), x)
+        counts = {kind: sum(op.kind == kind for op in ops) for kind in hlo.KINDS}
+        counts = {kind: count for kind, count in counts.items() if count}
+        rows.append({
+            "example": name,
+            "HLO op": ", ".join(counts) or "(none)",
+            "count": sum(counts.values()),
+            "buffer": "; ".join(op.shape_text.replace(" x ", "×") for op in ops) or "-",
+            "B": sum(op.buffer_bytes for op in ops),
+            "n": ", ".join(str(op.group_size) for op in ops) or "-",
+            "sent": sum(op.bytes_sent for op in ops),
+        })
+    return rows
+
+
+def ring_scaling(kernel: Kernel, *, block_elements: int, device_counts: Sequence[int],
+                 axis_name: str = "x") -> list[dict[str, Any]]:
+    """Bytes one device sends for ``kernel`` on float32 blocks of ``block_elements``, as the
+    number of devices grows (meshes over the first k devices, Auto axes)."""
+    available = len(jax.devices())
+    rows = []
+    for k in device_counts:
+        if not 1 <= k <= available:
+            raise ValueError(f"cannot build a mesh of {k} devices: this process has {available}.")
+        mesh = jax.make_mesh((k,), (axis_name,), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices()[:k])
+        x = _placed(np.zeros(k * block_elements, np.float32), mesh, axis_name)
+        ops = hlo.collectives(per_device_function(kernel, mesh, axis_name=axis_name), x)
+        buffer = sum(op.buffer_bytes for op in ops)
+        sent = sum(op.bytes_sent for op in ops)
+        rows.append({"devices": k, "B": hlo.format_bytes(buffer),
+                     "bytes sent per device": sent, "sent / B": round(sent / buffer, 4)})
+    return rows

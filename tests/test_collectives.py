@@ -1,0 +1,301 @@
+"""Tests for spmd_guide.collectives: every worked example against numpy on 2, 4 and 8 devices,
+the HLO each collective becomes (the chapter's table), the check_vma error, and the pictures."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mesh_of
+from jax import P
+from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from spmd_guide import collectives as C
+from spmd_guide import hlo
+
+SIZES = (2, 4, 8)
+
+
+def reference(name: str, x: np.ndarray, n: int) -> np.ndarray:
+    """What every device holds after example ``name``, computed with numpy: ``[d]`` = device d."""
+    b = x.reshape(n, x.shape[0] // n, *x.shape[1:])  # b[d]: device d's block
+    every = lambda v: np.stack([v] * n)  # noqa: E731 - the same value on every device
+    if name == "psum":
+        return every(b.sum(0))
+    if name == "pmean":
+        return every(b.mean(0))
+    if name == "all_gather":
+        return every(b)
+    if name == "all_gather_tiled":
+        return every(x)
+    if name == "psum_scatter":
+        return b.sum(0)  # device d keeps element d of the sum
+    if name == "psum_scatter_tiled":
+        return b.sum(0).reshape(n, -1)
+    if name == "ppermute":
+        return np.stack([b[(d - 1) % n] for d in range(n)])
+    if name == "all_to_all":
+        return np.stack([x[:, d * (x.shape[1] // n):(d + 1) * (x.shape[1] // n)]
+                         for d in range(n)])
+    if name == "axis_index":
+        return np.arange(n).reshape(n, 1)
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", list(C.EXAMPLES))
+def test_each_example_matches_numpy(name, n):
+    x, result = C.run_example(name, mesh_of(n))
+    expected = reference(name, x, n)
+    assert result.shape == expected.shape
+    np.testing.assert_allclose(result, expected, rtol=1e-6)
+
+
+def test_examples_cover_every_collective_the_chapter_teaches():
+    assert set(C.EXAMPLES) == {"psum", "pmean", "all_gather", "all_gather_tiled", "psum_scatter",
+                               "psum_scatter_tiled", "ppermute", "all_to_all", "axis_index"}
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_block_sums_and_global_sum(n):
+    x = np.arange(4 * n, dtype=np.float32)
+    np.testing.assert_allclose(C.block_sums(x, mesh_of(n)), x.reshape(n, -1).sum(1))
+    total = C.global_sum(x, mesh_of(n))
+    assert total.shape == (1,) and total.sharding.spec == P()
+    np.testing.assert_allclose(total, [x.sum()])
+
+
+def test_functions_work_on_explicit_meshes_too():
+    mesh = mesh_of(8, explicit=True)
+    x = np.arange(32, dtype=np.float32)
+    np.testing.assert_allclose(C.global_sum(x, mesh), [x.sum()])
+    _, result = C.run_example("ppermute", mesh)
+    np.testing.assert_allclose(result[1], [0, 1])
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_rows_to_columns_keeps_values_and_changes_layout(n):
+    x = np.arange(4 * n * n, dtype=np.float32).reshape(2 * n, 2 * n)
+    y = C.rows_to_columns(x, mesh_of(n))
+    np.testing.assert_array_equal(y, x)
+    assert y.sharding.spec == P(None, "x")
+    assert y.addressable_shards[0].data.shape == (2 * n, 2)
+
+
+def test_rows_to_columns_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"divides by 4, got shape \(8, 6\)"):
+        C.rows_to_columns(np.zeros((8, 6)), mesh_of(4))
+    with pytest.raises(ValueError, match="got shape"):
+        C.rows_to_columns(np.zeros(8), mesh_of(4))
+
+
+def test_explicit_mesh_rejects_an_input_not_laid_out_as_in_specs():
+    mesh = mesh_of(8, explicit=True)
+    f = jax.shard_map(C.block_sum, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    with pytest.raises(ValueError, match="does not match the specs of the input"):
+        f(jnp.arange(32.0))
+    placed = jax.reshard(jnp.arange(32.0), jax.NamedSharding(mesh, P("x")))
+    np.testing.assert_allclose(f(placed), np.arange(32.0).reshape(8, 4).sum(1))
+
+
+def test_out_specs_P_without_psum_is_rejected_by_check_vma():
+    f = jax.jit(jax.shard_map(C.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P()))
+    with pytest.raises(ValueError, match="check_vma=False"):
+        f(np.arange(32.0))
+
+
+def test_without_the_check_P_silently_returns_device_0s_block():
+    f = jax.shard_map(C.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P(),
+                      check_vma=False)
+    np.testing.assert_allclose(f(np.arange(32.0)), [0 + 1 + 2 + 3])
+
+
+def test_traced_types_mark_varying_values():
+    x = np.arange(16, dtype=np.float32)
+    mesh = mesh_of(8)
+    assert C.traced_types(C.psum_kernel, x, mesh) == ("float32[2]{V:x}", "float32[2]")
+    assert C.traced_types(C.all_gather_kernel, x, mesh) == ("float32[2]{V:x}", "float32[8,2]{V:x}")
+    assert C.traced_types(C.axis_index_kernel, x, mesh)[1] == "int32[1]{V:x}"
+
+
+# --------------------------------------------------------------------------- the HLO table
+
+EXPECTED_HLO = {  # example -> (HLO op, count, bytes one device sends on 8 devices)
+    "psum": ("all-reduce", 1, 2 * 7 * 8 // 8),              # f32[2]: 2(n-1)/n * 8 B
+    "pmean": ("all-reduce", 1, 2 * 7 * 8 // 8),
+    "all_gather": ("all-gather", 1, 7 * 64 // 8),           # gathered f32[8,2]: (n-1)/n * 64 B
+    "all_gather_tiled": ("all-gather", 1, 7 * 64 // 8),     # gathered f32[16]
+    "psum_scatter": ("reduce-scatter", 1, 7 * 32 // 8),     # input f32[8]
+    "psum_scatter_tiled": ("reduce-scatter", 1, 7 * 32 // 8),  # input f32[8]
+    "ppermute": ("collective-permute", 1, 8),               # the whole f32[2] operand
+    "all_to_all": ("all-to-all", 1, 7 * 32 // 8),           # 8 chunks of f32[1,1]
+    "axis_index": ("(none)", 0, 0),
+}
+
+
+def test_hlo_table_pins_each_collective():
+    rows = {row["example"]: row for row in C.hlo_rows(mesh_of(8))}
+    assert set(rows) == set(EXPECTED_HLO)
+    for name, (op, count, sent) in EXPECTED_HLO.items():
+        row = rows[name]
+        found = (row["HLO op"], row["count"], row["sent"])
+        assert found == (op, count, sent), name
+        assert C.EXAMPLES[name].hlo_op == (None if op == "(none)" else op)
+
+
+def test_group_size_and_bytes_follow_the_mesh():
+    mesh = mesh_of(4)
+    x = jax.device_put(np.arange(8, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+    (op,) = hlo.collectives(C.per_device_function(C.psum_kernel, mesh), x)
+    assert (op.kind, op.group_size, op.bytes_sent) == ("all-reduce", 4, 2 * 3 * 8 // 4)
+
+
+def test_pmean_is_an_all_reduce_then_a_scale():
+    mesh = mesh_of(8)
+    x = jax.device_put(np.arange(16, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+    text = hlo.compiled_text(C.per_device_function(C.pmean_kernel, mesh), x)
+    assert "all-reduce(" in text
+    assert "multiply(" in text or "divide(" in text
+    psum_text = hlo.compiled_text(C.per_device_function(C.psum_kernel, mesh), x)
+    assert "multiply(" not in psum_text and "divide(" not in psum_text
+
+
+# --------------------------------------------------------------------------- the pictures
+
+
+def _cells(fig):
+    return [p for p in fig.axes[0].patches if isinstance(p, Rectangle) and p.get_gid() == "cell"]
+
+
+def _arrows(fig):
+    return [p for p in fig.axes[0].patches
+            if isinstance(p, FancyArrowPatch) and p.get_gid() == "arrow"]
+
+
+@pytest.mark.parametrize("name, before, after", [
+    ("psum", 2, 2), ("all_gather", 2, 16), ("psum_scatter", 8, 1), ("all_to_all", 8, 8),
+])
+def test_draw_collective_draws_one_cell_per_value(name, before, after):
+    fig = C.draw_collective(name, mesh_of(8))
+    assert len(_cells(fig)) == 8 * (before + after)
+    labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "value"]
+    x, result = C.run_example(name, mesh_of(8))
+    assert labels == [f"{v:g}" for v in np.concatenate([x.ravel(), result.ravel()])]
+
+
+def test_ring_shift_picture_has_one_arrow_per_device_and_moved_colours():
+    fig = C.draw_collective("ppermute", mesh_of(4))
+    assert len(_arrows(fig)) == 4
+    cells = _cells(fig)
+    before, after = cells[:8], cells[8:]
+    for d in range(4):  # device d now holds device d-1's block, in device d-1's colour
+        for i in range(2):
+            assert after[2 * d + i].get_facecolor() == pytest.approx(C.device_color((d - 1) % 4))
+            assert before[2 * d + i].get_facecolor() == pytest.approx(C.device_color(d))
+
+
+def test_all_to_all_picture_colours_each_value_by_its_source():
+    panels = C.example_panels("all_to_all", mesh_of(4))
+    after = panels[1]
+    for d in range(4):
+        np.testing.assert_array_equal(np.ravel(after.origins[d]), np.arange(4))
+
+
+def test_reductions_are_drawn_as_combined():
+    panels = C.example_panels("psum_scatter", mesh_of(2))
+    assert all((np.asarray(o) == C.COMBINED).all() for o in panels[1].origins)
+    fig = C.draw_collective("psum", mesh_of(2))
+    after = _cells(fig)[4:]
+    assert all(c.get_facecolor() == pytest.approx(C.device_color(C.COMBINED)) for c in after)
+
+
+def test_draw_panels_general_api():
+    panels = [C.Panel(f"step {k}", [[k, k + 1, k + 2]] * 3) for k in range(3)]
+    ring = [(0, 1), (1, 2), (2, 0)]
+    fig = C.draw_panels(panels, arrows=[ring, ring], gap_labels=["send", "send"])
+    assert len(_cells(fig)) == 3 * 3 * 3
+    assert len(_arrows(fig)) == 6
+
+
+def test_draw_panels_rejects_bad_input():
+    two = C.Panel("a", [[1], [2]])
+    with pytest.raises(ValueError, match="same devices"):
+        C.draw_panels([two, C.Panel("b", [[1]])])
+    with pytest.raises(ValueError, match="outside"):
+        C.draw_panels([two, two], arrows=[[(0, 5)]])
+    with pytest.raises(ValueError, match="one entry per gap"):
+        C.draw_panels([two, two], arrows=[None, None])
+    with pytest.raises(ValueError, match="one origin per value"):
+        C.draw_panels([C.Panel("a", [[1, 2], [3, 4]], origins=[[0], [1]])])
+    with pytest.raises(ValueError, match="at least one"):
+        C.draw_panels([])
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_uneven_input_and_wrong_axis_raise_clear_errors():
+    with pytest.raises(ValueError, match=r"\(10,\).*4 equal blocks.*divisible by 4"):
+        C.block_sums(np.arange(10.0), mesh_of(4))
+    with pytest.raises(ValueError, match="not 'y'"):
+        C.global_sum(np.arange(8.0), mesh_of(4), axis_name="y")
+    with pytest.raises(TypeError, match="jax.sharding.Mesh"):
+        C.block_sums(np.arange(8.0), "mesh")
+    with pytest.raises(ValueError, match="choose one of"):
+        C.example("psum_gather")
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_exercise_answers(n):
+    mesh = mesh_of(n)
+    x = np.arange(2 * n * n, dtype=np.float32) ** 2
+    np.testing.assert_allclose(C.per_device_result(C.mean_via_psum, x, mesh),
+                               np.full(n, x.mean()), rtol=1e-6)
+    np.testing.assert_allclose(C.per_device_result(C.psum_in_two_steps, x, mesh),
+                               reference("psum", x, n))
+    shifted = C.per_device_result(partial(C.ring_shift_kernel, step=-1), x, mesh)
+    b = x.reshape(n, -1)
+    np.testing.assert_allclose(shifted, np.stack([b[(d + 1) % n] for d in range(n)]))
+    np.testing.assert_array_equal(C.per_device_result(C.global_positions, x, mesh).ravel(),
+                                  np.arange(x.size))
+
+
+def test_psum_in_two_steps_costs_what_one_all_reduce_costs():
+    mesh = mesh_of(8)
+    x = jax.device_put(np.arange(64, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
+    two = C.per_device_function(C.psum_in_two_steps, mesh)
+    one = C.per_device_function(C.psum_kernel, mesh)
+    counts = hlo.collective_counts(two, x)
+    assert counts["reduce-scatter"] == 1 and counts["all-gather"] == 1
+    assert counts["all-reduce"] == 0
+    assert hlo.communication_bytes(two, x) == hlo.communication_bytes(one, x) == 2 * 7 * 32 // 8
+
+
+def test_ring_scaling_psum_approaches_twice_the_buffer():
+    rows = C.ring_scaling(C.psum_kernel, block_elements=256, device_counts=(2, 4, 8))
+    assert [r["devices"] for r in rows] == [2, 4, 8]
+    assert [r["sent / B"] for r in rows] == [2 * (n - 1) / n for n in (2, 4, 8)]
+    assert all(r["B"] == "1 KiB" for r in rows)
+    with pytest.raises(ValueError, match="this process has 8"):
+        C.ring_scaling(C.psum_kernel, block_elements=4, device_counts=(16,))
+
+
+def test_draw_panels_docstring_ring_example_with_string_labels():
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+    held = [[0, 1, 2, 3], [3, 0, 1, 2], [2, 3, 0, 1]]
+    steps = [C.Panel(f"step {k}", [[f"B{b}"] for b in held[k]], origins=[[b] for b in held[k]])
+             for k in range(3)]
+    fig = C.draw_panels(steps, arrows=[ring, ring], gap_labels=["ppermute", "ppermute"],
+                        fmt="{}")
+    assert len(_cells(fig)) == 12 and len(_arrows(fig)) == 8
+    labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "value"]
+    assert labels[4:8] == ["B3", "B0", "B1", "B2"]
+    step1 = _cells(fig)[4:8]
+    assert [c.get_facecolor() for c in step1] == [pytest.approx(C.device_color(b))
+                                                  for b in held[1]]
