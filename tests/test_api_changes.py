@@ -10,6 +10,7 @@ EXPECTED_IN_0_10 = {
     "jax.tree_map": "removed",
     "jax.random.PRNGKey(0) (raw uint32[2] key)": "present",
     "jax.make_mesh default axis_types (Auto)": "default axis type AxisType.Explicit",
+    "jax.sharding.PartitionSpec (long name)": "alias",
     "jax.sharding.use_mesh(mesh)": "removed",
     "with mesh: (a Mesh as context manager)": "deprecated",
     "jax.experimental.shard.reshard / auto_axes / explicit_axes": "removed",

@@ -128,6 +128,14 @@ CHANGES: tuple[ApiChange, ...] = (
         "I",
     ),
     ApiChange(
+        "jax.sharding.PartitionSpec (long name)",
+        "jax.P (the same class, shorter)",
+        "jax.P added 0.7.0",
+        "from jax.sharding import PartitionSpec as P -> jax.P('x', None)",
+        lambda: "alias" if jax.P is jax.sharding.PartitionSpec else "different",
+        "II",
+    ),
+    ApiChange(
         "jax.sharding.use_mesh(mesh)",
         "jax.set_mesh(mesh) (a context manager or a global setter)",
         "removed 0.7.1",

@@ -1,0 +1,531 @@
+"""The small programs Part II reads, and helpers that put what the compiler did beside them.
+
+Part II lets ``jax.jit`` split the work from the shardings of its inputs. Each example here
+is a few lines on purpose: the lesson is not the function but what the compiler made of it.
+:func:`partitioning` compiles a function once and returns the shardings that went in, the
+sharding that came out, and the collectives (with the bytes one device sends) that the
+compiler inserted, read by :mod:`spmd_guide.hlo`. :func:`partitioning_table` puts several
+of those side by side.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from spmd_guide import hlo
+from spmd_guide.timing import Timing, time_fn
+
+# --------------------------------------------------------------------------- meshes and arrays
+
+
+def auto_mesh(shape: Sequence[int], names: Sequence[str], *,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A mesh whose axes are all Auto: the compiler picks what you leave open.
+
+    ``jax.make_mesh`` makes Explicit axes by default. ``devices`` defaults to
+    the first ``prod(shape)`` of ``jax.devices()``.
+    """
+    shape, names = tuple(shape), tuple(names)
+    if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                        for s in shape):
+        raise ValueError(f"mesh shape must be positive ints, got {shape}.")
+    if len(names) != len(shape) or len(set(names)) != len(names):
+        raise ValueError(f"need one distinct axis name per mesh dimension: "
+                         f"shape {shape}, names {names}.")
+    available = list(jax.devices() if devices is None else devices)
+    size = math.prod(shape)
+    if size > len(available):
+        raise ValueError(
+            f"a {shape} mesh needs {size} devices, but {len(available)} were "
+            f"given; call spmd_guide.ensure_devices({size}) first.")
+    auto = (AxisType.Auto,) * len(shape)
+    return jax.make_mesh(shape, names, axis_types=auto,
+                         devices=available[:size])
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    """Mesh axes one entry of a PartitionSpec names: None, 'x' or ('x', 'y')."""
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def place(array: Any, mesh: Mesh, spec: P) -> jax.Array:
+    """Put ``array`` on ``mesh`` laid out by ``spec``, after checking that it splits evenly.
+
+    A dimension sharded over mesh axes of total size ``n`` must be divisible by ``n``:
+    the examples in this book teach even layouts, so an uneven one is an error here.
+    """
+    shape = np.shape(array)
+    if len(spec) > len(shape):
+        raise ValueError(f"{spec} names {len(spec)} dimensions, but the array has shape {shape}.")
+    used = [a for entry in spec for a in _axes_of(entry)]
+    if len(set(used)) != len(used):
+        raise ValueError(f"{spec} uses a mesh axis twice; each axis can split one dimension.")
+    for dim, entry in enumerate(spec):
+        axes = _axes_of(entry)
+        unknown = [a for a in axes if a not in mesh.shape]
+        if unknown:
+            raise ValueError(f"{spec} names mesh axes {unknown} that the mesh "
+                             f"{dict(mesh.shape)} does not have.")
+        ways = math.prod(mesh.shape[a] for a in axes)
+        if shape[dim] % ways:
+            raise ValueError(
+                f"dimension {dim} of shape {shape} has size {shape[dim]}, which does not split "
+                f"evenly {ways} ways over mesh axes {axes}; pick a size divisible by {ways}."
+            )
+    return jax.device_put(array, NamedSharding(mesh, spec))
+
+
+# --------------------------------------------------------------------------- the example programs
+
+
+def elementwise(x: jax.Array) -> jax.Array:
+    """``2 sin(x) + 1``: every output element needs only its own input element."""
+    return 2 * jnp.sin(x) + 1
+
+
+def column_sums(x: jax.Array) -> jax.Array:
+    """Sum over the rows (axis 0): devices with different rows must add up."""
+    return x.sum(axis=0)
+
+
+def matmul(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+    """``lhs @ rhs``, left for the compiler to partition."""
+    return lhs @ rhs
+
+
+def resharded_sine(sharding: NamedSharding) -> Callable[[jax.Array], jax.Array]:
+    """A jitted ``sin(x) + 1`` with ``sin(x)`` constrained to ``sharding``.
+
+    The constraint computes nothing: it tells the partitioner which layout
+    that value must have, and the partitioner adds the communication.
+    """
+
+    @jax.jit
+    def sine_then_add(x: jax.Array) -> jax.Array:
+        y = jax.lax.with_sharding_constraint(jnp.sin(x), sharding)
+        return y + 1
+
+    return sine_then_add
+
+
+# --------------------------------------------------------------------------- what the compiler did
+
+
+def spec_text(spec: P) -> str:
+    """``P('a', None)`` with trailing ``None`` entries dropped (they mean the same layout)."""
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return "P(" + ", ".join(repr(e) for e in entries) + ")"
+
+
+def sharding_text(sharding: jax.sharding.Sharding | None) -> str:
+    """A sharding as its PartitionSpec (``P('a', 'b')``); any fully replicated one as ``P()``."""
+    if isinstance(sharding, NamedSharding):
+        return spec_text(sharding.spec)
+    if sharding is not None and getattr(sharding, "is_fully_replicated", False):
+        return "P()"
+    return type(sharding).__name__ if sharding is not None else "-"
+
+
+def _describe_ops(ops: Sequence[hlo.Collective]) -> list[str]:
+    """``["1 all-reduce in groups of 4"]``: one phrase per kind and group size."""
+    parts: dict[tuple[str, int], int] = {}
+    for op in ops:
+        parts[(op.kind, op.group_size)] = parts.get((op.kind, op.group_size), 0) + 1
+    return [f"{n} {kind} in groups of {size}" for (kind, size), n in parts.items()]
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How the compiler partitioned one call: shardings in and out, collectives, bytes."""
+
+    what: str
+    input_specs: tuple[str, ...]
+    output_sharding: jax.sharding.Sharding
+    ops: tuple[hlo.Collective, ...]
+    compiled: jax.stages.Compiled = field(repr=False, compare=False)
+    """The compiled program: call it on the same arguments to run it without recompiling."""
+
+    @property
+    def output_spec(self) -> str:
+        return sharding_text(self.output_sharding)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(hlo.KINDS, 0)
+        for op in self.ops:
+            counts[op.kind] += 1
+        return counts
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes one device sends, ring model (see :mod:`spmd_guide.hlo`)."""
+        return sum(op.bytes_sent for op in self.ops)
+
+    @property
+    def collectives_text(self) -> str:
+        """The collectives in words, e.g. ``"1 all-reduce in groups of 4"``; ``"none"``."""
+        return " and ".join(_describe_ops(self.ops)) or "none"
+
+    def row(self) -> dict[str, str]:
+        """A table row; several inputs or collectives go on separate lines."""
+        return {
+            "what": self.what,
+            "inputs": "\n".join(self.input_specs),
+            "output": self.output_spec,
+            "collectives": "\n".join(_describe_ops(self.ops)) or "none",
+            "bytes sent": hlo.format_bytes(self.bytes_sent),
+        }
+
+
+def partitioning(fn: Callable[..., Any], *args: Any, what: str | None = None) -> Partitioning:
+    """Compile ``fn`` (jitted or not) on ``args`` once and say how it was partitioned."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    compiled = jitted.lower(*args).compile()
+    out = compiled.output_shardings
+    if not isinstance(out, jax.sharding.Sharding):
+        leaves = jax.tree.leaves(out)
+        if len(leaves) != 1:
+            raise ValueError(f"partitioning() reads functions with one array output; "
+                             f"{getattr(fn, '__name__', 'fn')} returns {len(leaves)}.")
+        out = leaves[0]
+    return Partitioning(
+        what=what or getattr(fn, "__name__", "fn"),
+        input_specs=tuple(sharding_text(getattr(a, "sharding", None)) for a in args),
+        output_sharding=out,
+        ops=tuple(hlo.collectives(compiled)),
+        compiled=compiled,
+    )
+
+
+_MONO = "font-family:ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace;"
+
+
+class Table:
+    """Rows of a table that display as HTML in a notebook and as plain text with ``str()``."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]]):
+        if not rows:
+            raise ValueError("a table needs at least one row.")
+        self.rows = [dict(r) for r in rows]
+        self.headers = list(self.rows[0])
+
+    def __str__(self) -> str:
+        from tabulate import tabulate
+
+        return tabulate([[r[h] for h in self.headers] for r in self.rows], headers=self.headers)
+
+    def _repr_html_(self) -> str:
+        def cell(value: Any) -> str:
+            lines = str(value).splitlines() or [""]
+            keep = "white-space:nowrap;" if max(map(len, lines)) <= 20 else ""
+            return (f'<td style="text-align:left;vertical-align:top;padding:2px 10px;'
+                    f'{keep}{_MONO}">{"<br>".join(map(html.escape, lines))}</td>')
+
+        head = "".join(f'<th style="text-align:left;padding:2px 10px">{html.escape(h)}</th>'
+                       for h in self.headers)
+        body = "".join("<tr>" + "".join(cell(r[h]) for h in self.headers) + "</tr>"
+                       for r in self.rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def partitioning_table(results: Sequence[Partitioning]) -> Table:
+    """Several :class:`Partitioning` results side by side, one row each."""
+    return Table([r.row() for r in results])
+
+
+# --------------------------------------------------------------------------- matmul cases
+
+
+@dataclass(frozen=True)
+class MatmulCase:
+    """One way to shard ``lhs @ rhs`` over a mesh with axes ``a`` and ``b``."""
+
+    lhs: P
+    rhs: P
+    out: P | None = None  # None: let the compiler choose the output sharding
+
+
+MATMUL_CASES: dict[str, MatmulCase] = {
+    "rows x columns": MatmulCase(P("a", None), P(None, "b")),
+    "sharded contraction": MatmulCase(P(None, "a"), P("a", None)),
+    "sharded contraction, rows out": MatmulCase(P(None, "a"), P("a", None), P("a", None)),
+}
+"""The matmul layouts the Auto-mode chapter compares, by name."""
+
+
+def matmul_partitioning(name: str, mesh: Mesh, *, m: int = 16, k: int = 32,
+                        n: int = 16) -> Partitioning:
+    """Place an ``(m, k) @ (k, n)`` product as :data:`MATMUL_CASES` ``[name]`` says; compile it."""
+    if name not in MATMUL_CASES:
+        raise ValueError(f"unknown matmul case {name!r}; choose one of {list(MATMUL_CASES)}.")
+    if not {"a", "b"} <= set(mesh.axis_names):
+        raise ValueError(f"matmul cases need a mesh with axes 'a' and 'b', got {mesh.axis_names}.")
+    case = MATMUL_CASES[name]
+    lhs = place(jnp.arange(m * k, dtype=jnp.float32).reshape(m, k) / (m * k), mesh, case.lhs)
+    rhs = place(jnp.ones((k, n), jnp.float32), mesh, case.rhs)
+    fn = matmul
+    if case.out is not None:
+        fn = jax.jit(matmul, out_shardings=NamedSharding(mesh, case.out))
+    return partitioning(fn, lhs, rhs, what=name)
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def single_vs_sharded(fn: Callable[..., Any], arrays: Sequence[Any], mesh: Mesh,
+                      specs: Sequence[P], *, runs: int = 10,
+                      label: str | None = None) -> tuple[Timing, Timing]:
+    """Time jitted ``fn`` on ``arrays`` held by one device, then laid out by ``specs`` on ``mesh``.
+
+    The single-device run uses the mesh's first device. Both runs compile first (untimed)
+    and wait for their results, so the comparison is of steady-state calls.
+    """
+    if len(arrays) != len(specs):
+        raise ValueError(f"need one PartitionSpec per array: {len(arrays)} arrays, "
+                         f"{len(specs)} specs.")
+    name = label or getattr(fn, "__name__", "fn")
+    jitted = jax.jit(fn)
+    first = mesh.devices.flat[0]
+    on_one = [jax.device_put(a, first) for a in arrays]
+    sharded = [place(a, mesh, s) for a, s in zip(arrays, specs, strict=True)]
+    single = time_fn(jitted, *on_one, runs=runs, label=f"{name}, 1 device")
+    spread = time_fn(jitted, *sharded, runs=runs, label=f"{name}, {mesh.size} devices")
+    return single, spread
+
+
+def speedup(single: Timing, sharded: Timing) -> float:
+    """How many times faster the sharded run was (median over median); below 1 is slower."""
+    return single.median / sharded.median
+
+
+def reading(ratio: float) -> str:
+    """Words for a measured speedup ratio that claim no more than the ratio shows."""
+    if ratio <= 0:
+        raise ValueError(f"a speedup ratio must be positive, got {ratio}.")
+    if ratio >= 1.2:
+        return f"ran {ratio:.1f} times faster sharded"
+    if ratio > 1 / 1.2:
+        return "ran at about the same speed sharded as on one device"
+    return f"ran {1 / ratio:.1f} times slower sharded"
+
+
+def beyond_cores(ratios: Sequence[float], *, cores: int | None) -> str:
+    """A warning sentence if any ratio exceeds what ``cores`` shared cores can explain.
+
+    ``cores`` is the host's core count when the devices are CPU mock devices (they share
+    those cores), ``None`` on real accelerators; the answer is ``""`` when nothing to say.
+    """
+    if cores is None or max(ratios) <= cores:
+        return ""
+    return (f"A ratio above {cores}, the number of cores the mock devices share, cannot "
+            "come from computing in parallel alone: how the pieces fit in the caches and "
+            "what else the host ran while timing are part of it.")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def wrap(text: str, *, width: int = 76) -> str:
+    """Fill each line of ``text`` to ``width`` columns (long words such as specs kept whole)."""
+    return "\n".join(
+        textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
+        for line in text.splitlines()
+    )
+
+
+def error_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
+    """``"TypeName: message"`` of the exception ``fn(*args, **kwargs)`` raises.
+
+    For showing an error the book means to provoke; if ``fn`` does not raise, that is a bug
+    in the example, so this raises ``AssertionError`` rather than return something quietly.
+    """
+    try:
+        fn(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the point is to show any error type
+        return wrap(f"{type(error).__name__}: {error}")
+    raise AssertionError(f"{getattr(fn, '__name__', 'fn')} was expected to raise, but it returned.")
+
+
+# --------------------------------------------------------------------------- explicit mode
+
+
+def result_types(ops: Mapping[str, Callable[..., Any]], *args: Any) -> Table:
+    """For each named operation, the type ``jax.typeof`` gives its result, or the error.
+
+    Types are computed abstractly (``jax.eval_shape``): nothing runs, as at trace time.
+    """
+    rows = []
+    for name, op in ops.items():
+        try:
+            result = jax.typeof(jax.eval_shape(op, *args))
+            text = str(result)
+        except Exception as error:  # noqa: BLE001 - the table shows which operations fail
+            text = f"{type(error).__name__}: {error}"
+        rows.append({"operation": name, "result type": text})
+    return Table(rows)
+
+
+# --------------------------------------------------------------------------- under the hood
+
+
+def lines_with(text: str, *needles: str) -> list[str]:
+    """The stripped lines of ``text`` that contain any of ``needles`` (e.g. collective names)."""
+    if not needles:
+        raise ValueError("lines_with needs at least one string to look for.")
+    return [line.strip() for line in text.splitlines() if any(n in line for n in needles)]
+
+
+# ", metadata={...}" and friends: a value in braces (one level of nesting) or in quotes
+_NOISE = re.compile(
+    r",\s*(?:metadata|backend_config|frontend_attributes)="
+    r"(?:\{(?:[^{}]|\{[^{}]*\})*\}|\"[^\"]*\")"
+)
+
+
+def entry_computation(text: str) -> str:
+    """The ``ENTRY`` computation of compiled HLO text, without metadata and backend configs.
+
+    This is the per-device program's top level, short enough to read; the fused
+    computations it calls and the source-location tables are left out.
+    """
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("ENTRY"):
+            inside = True
+        if inside:
+            lines.append(_NOISE.sub("", line))
+            if line.startswith("}"):
+                break
+    if not lines:
+        raise ValueError("no ENTRY computation found in the HLO text.")
+    return "\n".join(lines)
+
+
+def dump_dot(fn: Callable[..., Any], *args: Any,
+             directory: str | Path) -> list[Path]:
+    """Compile ``fn`` on ``args`` with XLA's dump on; return the .dot files.
+
+    XLA writes ``*.before_optimizations.dot`` and
+    ``*.<backend>_after_optimizations.dot`` into ``directory``. Rendering
+    them needs Graphviz (``dot -Tsvg``), which this book does not require.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    before = set(directory.glob("*.dot"))
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    jitted.lower(*args).compile(compiler_options={
+        "xla_dump_to": str(directory),
+        "xla_dump_hlo_as_dot": True,
+    })
+    return sorted(set(directory.glob("*.dot")) - before)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One instruction of a compiled program's entry computation."""
+
+    name: str
+    opcode: str
+    shape: str
+    operands: tuple[str, ...]
+
+    @property
+    def is_collective(self) -> bool:
+        return self.opcode.removesuffix("-start") in hlo.KINDS
+
+
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+"
+    r"(?P<opcode>[\w\-]+)\((?P<operands>[^)]*)\)"
+)
+
+
+def entry_dataflow(text: str) -> list[Node]:
+    """The instructions of the ``ENTRY`` computation of compiled HLO text, in program order.
+
+    Enough to draw the top-level dataflow; fused computations appear as one ``fusion`` node.
+    """
+    nodes, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("ENTRY"):
+            inside = True
+            continue
+        if inside and line.startswith("}"):
+            break
+        if not inside:
+            continue
+        match = _INSTRUCTION.match(line)
+        if match:
+            defined = {node.name for node in nodes}  # drops literals: parameter(0), constant(1)
+            operands = tuple(name for part in match["operands"].split(",") if part.split()
+                             if (name := part.split()[-1].lstrip("%")) in defined)
+            nodes.append(Node(match["name"], match["opcode"], match["shape"].split("{")[0],
+                              operands))
+    if not nodes:
+        raise ValueError("no ENTRY computation found in the HLO text.")
+    return nodes
+
+
+def plot_dataflow(fn: Callable[..., Any], *args: Any, title: str | None = None):
+    """Draw the entry computation of ``fn``'s compiled program with matplotlib; collectives red.
+
+    Each box is one instruction (op and the per-device shape it produces); arrows go from
+    operands to users, top to bottom. Returns the matplotlib ``Figure``.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    nodes = entry_dataflow(hlo.compiled_text(fn, *args))
+    depth: dict[str, int] = {}
+    for node in nodes:
+        depth[node.name] = 1 + max((depth[o] for o in node.operands if o in depth), default=-1)
+    for node in nodes:  # draw an input (no operands) just above its first user
+        users = [depth[u.name] for u in nodes if node.name in u.operands]
+        if not node.operands and users:
+            depth[node.name] = min(users) - 1
+    levels: dict[int, list[Node]] = {}
+    for node in nodes:
+        levels.setdefault(depth[node.name], []).append(node)
+    width = max(len(v) for v in levels.values())
+    step, box_w, box_h = 3.0, 2.6, 0.6
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.9 * step * width / 3 + 1.5),
+                                    0.95 * len(levels) + 0.6))
+    where: dict[str, tuple[float, float]] = {}
+    for level, row in levels.items():
+        for i, node in enumerate(row):
+            x, y = (i - (len(row) - 1) / 2) * step, -float(level)
+            where[node.name] = (x, y)
+            colour = "#f4a6a6" if node.is_collective else "#dbe8f6"
+            ax.add_patch(FancyBboxPatch((x - box_w / 2, y - box_h / 2), box_w, box_h,
+                                        boxstyle="round,pad=0.02", fc=colour, ec="#555"))
+            ax.text(x, y, f"{node.opcode}\n{node.shape}", ha="center", va="center", fontsize=8)
+    for node in nodes:
+        for operand in node.operands:
+            if operand in where:
+                (x0, y0), (x1, y1) = where[operand], where[node.name]
+                ax.annotate("", xy=(x1, y1 + box_h / 2), xytext=(x0, y0 - box_h / 2),
+                            arrowprops={"arrowstyle": "->", "color": "#555"})
+    half = step * width / 2
+    ax.set_xlim(-half, half)
+    ax.set_ylim(-len(levels) + 0.4, 0.6)
+    ax.axis("off")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig

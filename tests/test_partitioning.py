@@ -1,0 +1,628 @@
+"""Tests of spmd_guide.partitioning, and of every compiler fact the Part II chapters state.
+
+Each claim the two chapters make about what the compiler did (output shardings, collective
+kinds, counts and group sizes, bytes sent) is pinned here, on the chapter's 8-device mesh
+and on 4 and 2 devices where the example makes sense. Expected bytes are worked out by hand
+from shapes and group sizes (ring model: all-reduce 2(n-1)/n of the buffer, all-gather
+(n-1)/n of the gathered buffer), never read back from the code under test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mesh_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import hlo
+from spmd_guide import partitioning as pt
+from spmd_guide.timing import Timing
+
+F32 = 4
+# (mesh shape over axes a/x and b/y) for 8, 4 and 2 devices
+MESHES = [(4, 2), (2, 2), (2, 1)]
+
+
+def equivalent(sharding, mesh, spec, ndim) -> bool:
+    return sharding.is_equivalent_to(NamedSharding(mesh, spec), ndim)
+
+
+def no_other_kinds(counts: dict[str, int], **expected: int) -> None:
+    want = {kind: expected.get(kind.replace("-", "_"), 0) for kind in hlo.KINDS}
+    assert counts == want
+
+
+def ring_all_reduce(buffer_bytes: int, n: int) -> int:
+    return 2 * (n - 1) * buffer_bytes // n
+
+
+def ring_all_gather(gathered_bytes: int, n: int) -> int:
+    return (n - 1) * gathered_bytes // n
+
+
+def square(mesh, spec, size: int = 8) -> jax.Array:
+    return pt.place(jnp.arange(size * size, dtype=jnp.float32).reshape(size, size), mesh, spec)
+
+
+# --------------------------------------------------------------------------- meshes and arrays
+
+
+class TestAutoMesh:
+    def test_axes_are_auto_over_the_first_devices(self, devices):
+        mesh = pt.auto_mesh((2, 2), ("a", "b"))
+        assert mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+        assert dict(mesh.shape) == {"a": 2, "b": 2}
+        assert sorted(d.id for d in mesh.devices.flat) == [d.id for d in devices[:4]]
+
+    def test_devices_keep_their_order(self, devices):
+        mesh = pt.auto_mesh((4,), ("x",), devices=devices[3::-1])
+        assert [d.id for d in mesh.devices.flat] == [3, 2, 1, 0]
+
+    @pytest.mark.parametrize("shape, names, message", [
+        ((), (), "positive"),
+        ((0, 2), ("a", "b"), "positive"),
+        ((2.0,), ("a",), "positive"),
+        ((2, 2), ("a",), "one distinct axis name"),
+        ((2, 2), ("a", "a"), "one distinct axis name"),
+        ((4, 4), ("a", "b"), "needs 16 devices"),
+    ])
+    def test_bad_meshes_are_refused(self, shape, names, message):
+        with pytest.raises(ValueError, match=message):
+            pt.auto_mesh(shape, names)
+
+
+class TestPlace:
+    def test_lays_out_by_the_spec(self):
+        mesh = mesh_of(8, ("a", "b"), (4, 2))
+        x = pt.place(np.arange(64.0).reshape(8, 8), mesh, P("a", "b"))
+        assert x.sharding == NamedSharding(mesh, P("a", "b"))
+        assert {s.data.shape for s in x.addressable_shards} == {(2, 4)}
+        np.testing.assert_array_equal(np.asarray(x), np.arange(64.0).reshape(8, 8))
+
+    @pytest.mark.parametrize("shape, spec, message", [
+        ((6, 8), P("a", None), "does not split evenly 4 ways"),
+        ((8, 8), P(("a", "b"), None), None),  # 8 ways over a and b: fine
+        ((4, 8), P(("a", "b"), None), "does not split evenly 8 ways"),
+        ((8,), P("a", "b"), "names 2 dimensions"),
+        ((8, 8), P("c"), "does not have"),
+        ((8, 8), P("a", "a"), "uses a mesh axis twice"),
+    ])
+    def test_uneven_or_unknown_layouts_are_refused(self, shape, spec, message):
+        mesh = mesh_of(8, ("a", "b"), (4, 2))
+        if message is None:
+            assert pt.place(np.zeros(shape), mesh, spec).shape == shape
+        else:
+            with pytest.raises(ValueError, match=message):
+                pt.place(np.zeros(shape), mesh, spec)
+
+    @settings(max_examples=15, deadline=None)
+    @given(rows=st.integers(1, 12), cols=st.integers(1, 12),
+           row_axis=st.sampled_from([None, "a", "b"]), col_axis=st.sampled_from([None, "a", "b"]))
+    def test_places_exactly_when_the_split_is_even(self, rows, cols, row_axis, col_axis):
+        mesh = mesh_of(8, ("a", "b"), (4, 2))
+        spec = P(row_axis, col_axis)
+        if row_axis is not None and row_axis == col_axis:
+            with pytest.raises(ValueError, match="twice"):
+                pt.place(np.zeros((rows, cols)), mesh, spec)
+            return
+        ways = [dict(mesh.shape)[a] if a else 1 for a in (row_axis, col_axis)]
+        values = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+        if rows % ways[0] or cols % ways[1]:
+            with pytest.raises(ValueError, match="does not split evenly"):
+                pt.place(values, mesh, spec)
+        else:
+            placed = pt.place(values, mesh, spec)
+            assert {s.data.shape for s in placed.addressable_shards} == {
+                (rows // ways[0], cols // ways[1])}
+            np.testing.assert_array_equal(np.asarray(placed), values)
+
+
+def test_spec_text_drops_trailing_none():
+    assert pt.spec_text(P("a", None)) == "P('a')"
+    assert pt.spec_text(P(None, "b")) == "P(None, 'b')"
+    assert pt.spec_text(P()) == "P()"
+    assert pt.spec_text(P(("a", "b"), None)) == "P(('a', 'b'))"
+
+
+# --------------------------------------------------------------------------- chapter 1 facts
+
+
+@pytest.mark.parametrize("shape", MESHES)
+class TestComputationFollowsSharding:
+    def mesh(self, shape):
+        return mesh_of(shape[0] * shape[1], ("a", "b"), shape)
+
+    def test_elementwise_keeps_the_sharding_without_communication(self, shape):
+        if shape == (2, 2):
+            pytest.skip("8 and 2 devices cover it")
+        mesh = self.mesh(shape)
+        x = square(mesh, P("a", "b"))
+        run = pt.partitioning(pt.elementwise, x)
+        assert run.output_sharding.is_equivalent_to(x.sharding, 2)
+        assert run.output_spec == "P('a', 'b')"
+        no_other_kinds(run.counts)
+        assert run.bytes_sent == 0 and run.collectives_text == "none"
+        y = run.compiled(x)
+        np.testing.assert_allclose(np.asarray(y), 2 * np.sin(np.asarray(x)) + 1, atol=1e-6)
+
+    def test_column_sums_all_reduce_over_a(self, shape):
+        a, b = shape
+        mesh = self.mesh(shape)
+        run = pt.partitioning(pt.column_sums, square(mesh, P("a", "b")))
+        assert equivalent(run.output_sharding, mesh, P("b"), 1)
+        (op,) = run.ops
+        assert (op.kind, op.group_size, op.shape) == ("all-reduce", a, (8 // b,))
+        assert run.bytes_sent == ring_all_reduce(8 // b * F32, a)
+        if shape == (4, 2):  # the chapter's numbers
+            assert run.output_spec == "P('b')" and run.bytes_sent == 24
+
+    def test_row_sums_all_reduce_over_b_exercise_1(self, shape):
+        a, b = shape
+        if b == 1:
+            pytest.skip("no mesh axis along the rows: nothing to add up")
+        mesh = self.mesh(shape)
+        run = pt.partitioning(lambda t: t.sum(axis=1), square(mesh, P("a", "b")))
+        assert equivalent(run.output_sharding, mesh, P("a"), 1)
+        (op,) = run.ops
+        assert (op.kind, op.group_size) == ("all-reduce", b)
+        assert run.bytes_sent == ring_all_reduce(8 // a * F32, b)
+
+    def test_rows_times_columns_is_free(self, shape):
+        mesh = self.mesh(shape)
+        run = pt.matmul_partitioning("rows x columns", mesh)
+        assert equivalent(run.output_sharding, mesh, P("a", "b"), 2)
+        assert run.ops == ()
+
+    def test_sharded_contraction_all_reduces_the_partial_products(self, shape):
+        a, _ = shape
+        mesh = self.mesh(shape)
+        run = pt.matmul_partitioning("sharded contraction", mesh)
+        assert run.output_sharding.is_fully_replicated
+        (op,) = run.ops
+        assert (op.kind, op.group_size, op.shape) == ("all-reduce", a, (16, 16))
+        assert run.bytes_sent == ring_all_reduce(16 * 16 * F32, a)
+        if shape == (4, 2):
+            assert run.bytes_sent == 1536 and op.shape_text == "f32[16,16]"
+
+    def test_rows_out_all_reduces_then_slices_on_cpu(self, shape):
+        a, _ = shape
+        mesh = self.mesh(shape)
+        run = pt.matmul_partitioning("sharded contraction, rows out", mesh)
+        assert equivalent(run.output_sharding, mesh, P("a"), 2)
+        full = 16 * 16 * F32
+        if shape == (2, 2):
+            # on 2 x 2 the compiler all-reduces half the product and swaps the other half
+            no_other_kinds(run.counts, all_reduce=1, collective_permute=1)
+            assert run.bytes_sent == ring_all_reduce(full // 2, 2) + full // 2
+            return
+        (op,) = run.ops
+        assert op.kind == "all-reduce"  # the chapter: "this CPU backend still emits an all-reduce"
+        assert run.bytes_sent == ring_all_reduce(full, a)
+        # a reduce-scatter would send half as much: the chapter's comparison
+        rs = hlo.ring_bytes("reduce-scatter", op.buffer_bytes, op.group_size)
+        assert 2 * rs == run.bytes_sent
+        assert "dynamic-slice" in pt.entry_computation(run.compiled.as_text())
+
+    def test_replicated_weights_exercise_2(self, shape):
+        mesh = self.mesh(shape)
+        run = pt.partitioning(pt.matmul, pt.place(jnp.ones((16, 32)), mesh, P("a", None)),
+                              pt.place(jnp.ones((32, 16)), mesh, P()))
+        assert equivalent(run.output_sharding, mesh, P("a"), 2)
+        assert run.output_spec == "P('a')"
+        assert run.ops == ()
+
+    def test_copy_keeps_the_sharding(self, shape):
+        if shape != (4, 2):
+            pytest.skip("the chapter's mesh is enough for a copy")
+        mesh = self.mesh(shape)
+        x = square(mesh, P("a", "b"))
+        assert jnp.copy(x).sharding == x.sharding
+        run = pt.partitioning(jnp.copy, x, what="jnp.copy")
+        assert run.ops == () and run.output_sharding.is_equivalent_to(x.sharding, 2)
+
+
+def test_matmul_results_are_correct_and_cases_are_checked():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    lhs = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / (16 * 32)
+    for name, case in pt.MATMUL_CASES.items():
+        left = pt.place(lhs, mesh, case.lhs)
+        right = pt.place(np.ones((32, 16), np.float32), mesh, case.rhs)
+        np.testing.assert_allclose(np.asarray(jax.jit(pt.matmul)(left, right)),
+                                   lhs @ np.ones((32, 16)), rtol=1e-5, err_msg=name)
+    with pytest.raises(ValueError, match="unknown matmul case"):
+        pt.matmul_partitioning("diagonal", mesh)
+    with pytest.raises(ValueError, match="axes 'a' and 'b'"):
+        pt.matmul_partitioning("rows x columns", mesh_of(8))
+
+
+def test_partitioning_table_rows():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    runs = [pt.matmul_partitioning(name, mesh) for name in pt.MATMUL_CASES]
+    table = pt.partitioning_table(runs)
+    assert [r["what"] for r in table.rows] == list(pt.MATMUL_CASES)
+    assert table.rows[1]["collectives"] == "1 all-reduce in groups of 4"
+    assert table.rows[1]["bytes sent"] == "1.5 KiB"
+    assert table.rows[0]["inputs"] == "P('a')\nP(None, 'b')"
+    assert "<br>" in table._repr_html_() and "sharded contraction" in str(table)
+    with pytest.raises(ValueError, match="at least one row"):
+        pt.Table([])
+
+
+def test_partitioning_refuses_several_outputs():
+    x = square(mesh_of(8, ("a", "b"), (4, 2)), P("a", "b"))
+    with pytest.raises(ValueError, match="one array output"):
+        pt.partitioning(lambda t: (t, t), x)
+
+
+@pytest.mark.parametrize("shape, transposed_ops, transposed_bytes", [
+    # 4 x 2: an all-to-all of 2 x f32[2,1,2] over 2 devices sends 1/2 of 32 B = 16 B,
+    # then a collective-permute of f32[4,2] sends all 32 B.
+    ((4, 2), {"all_to_all": 1, "collective_permute": 1}, 16 + 32),
+    # 2 x 2: the blocks just swap devices: one collective-permute of f32[4,4] = 64 B.
+    ((2, 2), {"collective_permute": 1}, 64),
+])
+def test_with_sharding_constraint_costs(shape, transposed_ops, transposed_bytes):
+    x_size, y_size = shape
+    xy = mesh_of(x_size * y_size, ("x", "y"), shape)
+    z = square(xy, P("x", "y"))
+    values = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+
+    transposed = pt.resharded_sine(NamedSharding(xy, P("y", "x")))
+    run = pt.partitioning(transposed, z)
+    assert equivalent(run.output_sharding, xy, P("y", "x"), 2)
+    no_other_kinds(run.counts, **transposed_ops)
+    assert run.bytes_sent == transposed_bytes
+    np.testing.assert_allclose(np.asarray(transposed(z)), np.sin(values) + 1, atol=1e-6)
+
+    replicated = pt.resharded_sine(NamedSharding(xy, P()))
+    run = pt.partitioning(replicated, z)
+    assert run.output_sharding.is_fully_replicated
+    no_other_kinds(run.counts, all_gather=2)
+    # gather the columns over y (rows stay split over x), then the rows over x
+    assert run.bytes_sent == (ring_all_gather(8 // x_size * 8 * F32, y_size)
+                              + ring_all_gather(8 * 8 * F32, x_size))
+    assert sorted(op.group_size for op in run.ops) == sorted([x_size, y_size])
+
+    rows_kept = pt.resharded_sine(NamedSharding(xy, P("x", None)))  # exercise 3
+    run = pt.partitioning(rows_kept, z)
+    assert equivalent(run.output_sharding, xy, P("x"), 2)
+    (op,) = run.ops
+    assert (op.kind, op.group_size) == ("all-gather", y_size)
+    assert run.bytes_sent == ring_all_gather(8 // x_size * 8 * F32, y_size)
+    if shape == (4, 2):
+        assert pt.partitioning(replicated, z).bytes_sent == 224 and run.bytes_sent == 32
+
+
+def test_chapter_wording_of_the_constraint_costs():
+    xy = mesh_of(8, ("x", "y"), (4, 2))
+    z = square(xy, P("x", "y"))
+    run = pt.partitioning(pt.resharded_sine(NamedSharding(xy, P())), z)
+    assert run.collectives_text == "1 all-gather in groups of 2 and 1 all-gather in groups of 4"
+
+
+# --------------------------------------------------------------------------- disagreeing shardings
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_arguments_on_different_devices_are_an_error(devices, k):
+    first = pt.auto_mesh((k,), ("x",), devices=devices[:k])
+    other = pt.auto_mesh((k,), ("x",), devices=devices[k:2 * k])
+    u = pt.place(jnp.arange(8.0), first, P("x"))
+    v = pt.place(jnp.arange(8.0), other, P("x"))
+    message = pt.error_of(jax.jit(lambda a, b: a + b), u, v)
+    assert message.startswith("ValueError: Received incompatible devices")
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_same_devices_in_another_order_are_an_error(devices, k):
+    first = pt.auto_mesh((k,), ("x",), devices=devices[:k])
+    backwards = pt.auto_mesh((k,), ("x",), devices=devices[k - 1::-1])
+    u = pt.place(jnp.arange(8.0), first, P("x"))
+    w = pt.place(jnp.arange(8.0), backwards, P("x"))
+    assert pt.error_of(jax.jit(lambda a, b: a + b), u, w).startswith(
+        "ValueError: Received incompatible devices")
+
+
+def test_committed_and_uncommitted(devices):
+    mesh = pt.auto_mesh((4,), ("x",), devices=devices[:4])
+    y = pt.place(jnp.arange(8.0), mesh, P("x"))
+    like = jnp.ones_like(y)
+    fresh = jnp.ones(8)
+    assert y.committed and like.committed and not fresh.committed
+    assert like.sharding == y.sharding
+    assert (y + like).sharding == y.sharding
+    assert (y + fresh).sharding == y.sharding
+    np.testing.assert_array_equal(np.asarray(y + like), np.arange(8.0) + 1)
+    pinned = jax.device_put(jnp.ones(8), devices[5])
+    assert pinned.committed
+    assert pt.error_of(jnp.add, y, pinned).startswith("ValueError: Received incompatible devices")
+
+
+def test_error_of_wraps_and_insists_on_an_error():
+    def fails():
+        raise KeyError("x" * 10 + " word" * 40)
+
+    text = pt.error_of(fails)
+    assert text.startswith("KeyError: ")
+    assert all(len(line) <= 76 for line in text.splitlines())
+    with pytest.raises(AssertionError, match="expected to raise"):
+        pt.error_of(lambda: 1)
+    assert pt.wrap("a" * 100) == "a" * 100  # long words are not broken
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def test_single_vs_sharded_reports_both_device_counts():
+    mesh = pt.auto_mesh((8,), ("x",))
+    single, sharded = pt.single_vs_sharded(pt.elementwise, [jnp.ones(64)], mesh, [P("x")],
+                                           runs=2, label="sin")
+    assert isinstance(single, Timing) and isinstance(sharded, Timing)
+    assert (single.device_count, sharded.device_count) == (1, 8)
+    assert single.label == "sin, 1 device" and sharded.label == "sin, 8 devices"
+    assert len(single.times) == 2
+    assert pt.speedup(single, sharded) == pytest.approx(single.median / sharded.median)
+    with pytest.raises(ValueError, match="one PartitionSpec per array"):
+        pt.single_vs_sharded(pt.matmul, [jnp.ones((8, 8))], mesh, [P("x"), P()])
+
+
+@pytest.mark.parametrize("ratio, words", [
+    (3.0, "ran 3.0 times faster sharded"),
+    (1.25, "ran 1.2 times faster sharded"),
+    (1.0, "about the same speed"),
+    (0.9, "about the same speed"),
+    (0.5, "ran 2.0 times slower sharded"),
+])
+def test_reading_claims_no_more_than_the_ratio(ratio, words):
+    assert words in pt.reading(ratio)
+    assert ("faster" in pt.reading(ratio)) == (ratio >= 1.2)
+    caveat = pt.beyond_cores([ratio, 1.0], cores=2)
+    if ratio > 2:
+        assert caveat.startswith("A ratio above 2,")
+    else:
+        assert caveat == ""
+    assert pt.beyond_cores([ratio], cores=None) == ""
+
+
+def test_reading_refuses_nonsense():
+    with pytest.raises(ValueError, match="positive"):
+        pt.reading(0.0)
+
+
+# --------------------------------------------------------------------------- under the hood
+
+
+def test_lowered_program_carries_shardy_annotations():
+    assert jax.config.jax_use_shardy_partitioner is True
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    text = jax.jit(pt.column_sums).lower(square(mesh, P("a", "b"))).as_text()
+    assert "sdy.mesh @mesh" in text and "#sdy.sharding<@mesh" in text
+
+
+def test_entry_computation_and_lines_with():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    text = jax.jit(pt.column_sums).lower(square(mesh, P("a", "b"))).compile().as_text()
+    entry = pt.entry_computation(text)
+    assert entry.startswith("ENTRY") and entry.rstrip().endswith("}")
+    assert "metadata=" not in entry and "FileNames" not in entry
+    (line,) = pt.lines_with(entry, " all-reduce(")
+    assert "replica_groups" in line
+    with pytest.raises(ValueError, match="at least one"):
+        pt.lines_with(entry)
+    with pytest.raises(ValueError, match="no ENTRY"):
+        pt.entry_computation("HloModule m")
+
+
+def test_cost_analysis_is_per_device():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    x = square(mesh, P("a", "b"))
+    sharded = jax.jit(pt.elementwise).lower(x).compile().cost_analysis()
+    single = jax.jit(pt.elementwise).lower(np.asarray(x)).compile().cost_analysis()
+    assert (int(sharded["flops"]), int(single["flops"])) == (16, 128)  # 2 flops per element
+    assert int(sharded["transcendentals"]) == 8
+
+
+def test_dump_dot_writes_graphviz_files(tmp_path):
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    paths = pt.dump_dot(pt.column_sums, square(mesh, P("a", "b")), directory=tmp_path)
+    names = [p.name for p in paths]
+    assert len(paths) == 2
+    assert any("before_optimizations" in n for n in names)
+    assert any("after_optimizations" in n for n in names)
+    assert all(p.read_text().startswith("digraph") for p in paths)
+
+
+def test_the_old_graph_route_is_gone():
+    assert not hasattr(jax, "xla_computation")
+    assert importlib.util.find_spec("jax.lib.xla_client") is None
+
+
+def test_dataflow_marks_the_collectives():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    f = jax.jit(pt.matmul, out_shardings=NamedSharding(mesh, P("a", None)))
+    lhs = pt.place(jnp.ones((16, 32)), mesh, P(None, "a"))
+    rhs = pt.place(jnp.ones((32, 16)), mesh, P("a", None))
+    nodes = pt.entry_dataflow(hlo.compiled_text(f, lhs, rhs))
+    names = {n.name for n in nodes}
+    assert all(o in names for n in nodes for o in n.operands)
+    assert [n.opcode for n in nodes if n.is_collective] == ["all-reduce"]
+    (reduce,) = [n for n in nodes if n.is_collective]
+    assert reduce.shape == "f32[16,16]"
+    figure = pt.plot_dataflow(f, lhs, rhs, title="t")
+    red = [p for p in figure.axes[0].patches if p.get_facecolor()[0] > 0.9
+           and p.get_facecolor()[1] < 0.7]
+    assert len(red) == 1 and len(figure.axes[0].patches) == len(nodes)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
+# --------------------------------------------------------------------------- chapter 2 facts
+
+
+def explicit(k: int = 8):
+    shape = {8: (4, 2), 4: (2, 2), 2: (2, 1)}[k]
+    return mesh_of(k, ("x", "y"), shape, explicit=True)
+
+
+def test_make_mesh_defaults_to_explicit_and_p_is_partition_spec():
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    assert mesh.axis_types == (AxisType.Explicit,)
+    assert jax.P is P
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_types_carry_shardings(k):
+    mesh = explicit(k)
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        if k == 2:  # y has size 1 and is dropped from the type
+            assert str(jax.typeof(a)) in ("float32[8@x,4@y]", "float32[8@x,4]")
+        else:
+            assert str(jax.typeof(a)) == "float32[8@x,4@y]"
+        seen = []
+
+        @jax.jit
+        def normalize_rows(t):
+            total = t.sum(axis=1, keepdims=True)
+            seen.append(str(jax.typeof(total)))
+            return t / total
+
+        out = normalize_rows(a)
+        assert seen == ["float32[8@x,1]"]
+        assert out.sharding.spec == a.sharding.spec
+
+
+def test_the_rules_table():
+    with jax.set_mesh(explicit(8)):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        w = jax.device_put(np.ones((4, 6)), jax.P(None, "y"))
+        expected = {
+            "sin": (lambda t: jnp.sin(t) * 2 + 1, "float32[8@x,4@y]"),
+            "sum0": (lambda t: t.sum(axis=0), "float32[4@y]"),
+            "T": (lambda t: t.T, "float32[4@y,8@x]"),
+            "merge": (lambda t: t.reshape(32), "float32[32@(x,y)]"),
+            "split": (lambda t: t.reshape(8, 2, 2), "float32[8@x,2@y,2]"),  # exercise 1
+            "bad reshape": (lambda t: t.reshape(4, 8), "ShardingTypeError: This reshape"),
+            "concat": (lambda t: jnp.concatenate([t, t]), "float32[16@x,4@y]"),
+            "zeros": (lambda t: jnp.zeros((8, 4)), "float32[8,4]"),
+            "cumsum": (lambda t: jnp.cumsum(t, axis=0), "ShardingTypeError: Input should be"),
+            "matmul": (lambda t: t @ w, "float32[8@x,6@y]"),
+        }
+        table = pt.result_types({k: f for k, (f, _) in expected.items()}, a)
+        got = {row["operation"]: row["result type"] for row in table.rows}
+        for name, (_, want) in expected.items():
+            assert got[name].startswith(want), (name, got[name])
+        assert str(jax.typeof(jnp.zeros((8, 4), out_sharding=jax.P("x", "y")))) == (
+            "float32[8@x,4@y]")  # exercise 3
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_matmul_type_error_and_its_fixes(k):
+    mesh = explicit(k)
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        b = jax.device_put(np.arange(32.0).reshape(4, 8), jax.P("x", None))
+        if k > 2:
+            message = pt.error_of(jnp.matmul, a, b)
+            assert message.startswith("ShardingTypeError: dot_general requires contracting")
+            with pytest.raises(Exception) as info:
+                a @ b
+            error_class = info.type
+            assert error_class.__name__ == "ShardingTypeError"
+            assert error_class.__module__ == "jax._src.core"
+            assert error_class.__mro__[1:] == (Exception, BaseException, object)
+            assert not hasattr(jax.errors, "ShardingTypeError")
+        fix_out = jax.jit(lambda s, t: jnp.matmul(s, t, out_sharding=jax.P("x", None)))
+        fix_reshard = jax.jit(lambda s, t: s @ jax.reshard(t, jax.P()))
+        want = np.arange(32.0).reshape(8, 4) @ np.arange(32.0).reshape(4, 8)
+        x_size, y_size = dict(mesh.shape)["x"], dict(mesh.shape)["y"]
+        for fix in (fix_out, fix_reshard):
+            run = pt.partitioning(fix, a, b)
+            product = run.compiled(a, b)
+            assert str(jax.typeof(product)) == "float32[8@x,8]"
+            np.testing.assert_allclose(np.asarray(product), want)
+            if k == 8:  # the chapter's table: b's rows gathered over x, a's columns over y
+                assert run.collectives_text == (
+                    "1 all-gather in groups of 4 and 1 all-gather in groups of 2")
+                assert run.bytes_sent == (ring_all_gather(4 * 8 * F32, x_size)
+                                          + ring_all_gather(8 // x_size * 4 * F32, y_size))
+                assert run.bytes_sent == 112
+
+
+def test_both_contracting_dims_on_one_axis_is_ambiguous():
+    with jax.set_mesh(explicit(8)):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        b = jax.device_put(np.arange(32.0).reshape(4, 8), jax.P("x", None))
+        b_by_y = jax.reshard(b, jax.P("y", None))
+        assert str(jax.typeof(b_by_y)) == "float32[4@y,8]"
+        assert "ambiguous" in pt.error_of(jnp.matmul, a, b_by_y)
+        # exercise 2
+        assert pt.error_of(lambda t: t.T @ t, a).startswith("ShardingTypeError")
+        gram = jax.jit(lambda t: jnp.matmul(t.T, t, out_sharding=jax.P("y", None)))
+        assert str(jax.typeof(gram(a))) == "float32[4@y,4]"
+        np.testing.assert_allclose(np.asarray(gram(a)), np.asarray(a).T @ np.asarray(a))
+
+
+def test_auto_axes_region():
+    with jax.set_mesh(explicit(8)):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        b = jax.device_put(np.arange(32.0).reshape(4, 8), jax.P("x", None))
+        seen = []
+
+        def inside(s, t):
+            seen.append((str(jax.typeof(s)), str(jax.typeof(t))))
+            return s @ t
+
+        @jax.jit
+        def matmul_auto(s, t):
+            return jax.sharding.auto_axes(inside, out_sharding=jax.P("x", None))(s, t)
+
+        result = matmul_auto(a, b)
+        assert seen == [("float32[8,4]", "float32[4,8]")]
+        assert str(jax.typeof(result)) == "float32[8@x,8]"
+        np.testing.assert_allclose(np.asarray(result), np.asarray(a) @ np.asarray(b))
+        run = pt.partitioning(matmul_auto, a, b)
+        assert run.collectives_text == "1 all-gather in groups of 4 and 1 all-gather in groups of 2"
+        assert run.bytes_sent == 112
+
+
+def test_explicit_axes_region():
+    mesh = pt.auto_mesh((4, 2), ("x", "y"))
+    with jax.set_mesh(mesh):
+        c = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
+        seen = []
+
+        def column_sums(t):
+            seen.append(str(jax.typeof(t)))
+            return t.sum(axis=0)
+
+        @jax.jit
+        def sums_explicit(t):
+            seen.append(str(jax.typeof(t)))
+            return jax.sharding.explicit_axes(column_sums, in_sharding=jax.P("x", "y"))(t)
+
+        totals = sums_explicit(c)
+    assert seen == ["float32[8,4]", "float32[8@x,4@y]"]
+    assert pt.sharding_text(totals.sharding) == "P('y')"
+    np.testing.assert_allclose(np.asarray(totals), np.arange(32.0).reshape(8, 4).sum(0))
+
+
+def test_api_changes_stated_in_the_chapter():
+    mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with mesh:
+            pass
+    assert caught and caught[0].category is DeprecationWarning
+    assert "jax.set_mesh" in str(caught[0].message)
+    assert not hasattr(jax.sharding, "use_mesh")
+    assert hasattr(jax, "set_mesh")
