@@ -1,0 +1,195 @@
+"""Random numbers under sharding: the partitionable-threefry flag, per-device keys.
+
+JAX's default generator, threefry, is counter based: a random number is a hash
+of (key, counter), so an array of random numbers is in principle an elementwise
+map over counters that needs no communication. Whether the compiled program
+avoids communication depends on the flag ``jax_threefry_partitionable`` (on by
+default since JAX 0.5.0). :func:`compare_modes` compiles one function under
+both settings and reports the collectives and the values.
+
+Inside ``jax.shard_map`` each device runs the body on its local block, so a key
+passed in unchanged gives the *same* numbers on every device. :func:`device_key`
+folds the device's position on the mesh into the key, which gives each device
+a stream of its own (:func:`sharded_dropout` uses it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, Sharding
+from jax.sharding import PartitionSpec as P
+
+
+def add_uniform_noise(key: jax.Array, x: jax.Array) -> jax.Array:
+    """``x`` plus uniform noise in [0, 1): the chapter's example."""
+    return x + jax.random.uniform(key, x.shape, dtype=x.dtype)
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """What one setting of ``jax_threefry_partitionable`` did to a function."""
+
+    partitionable: bool
+    collectives: dict[str, int]
+    values: np.ndarray
+
+    @property
+    def total_collectives(self) -> int:
+        return sum(self.collectives.values())
+
+    def collectives_text(self) -> str:
+        """The collectives with a non-zero count, e.g. ``6 x collective-permute``."""
+        used = [f"{n} x {kind}" for kind, n in self.collectives.items() if n]
+        return ", ".join(used) or "none"
+
+    def row(self) -> dict[str, Any]:
+        """A table row: the mode, its collectives and the first values."""
+        return {
+            "jax_threefry_partitionable": self.partitionable,
+            "collectives": self.collectives_text(),
+            "first values": np.array2string(self.values.ravel()[:4],
+                                            precision=3),
+        }
+
+
+def compare_modes(fn: Callable[..., Any], *args: Any
+                  ) -> dict[bool, ModeResult]:
+    """Compile and run ``fn(*args)`` with the flag off, then on.
+
+    The flag ``jax_threefry_partitionable`` is switched only inside this
+    call, with the ``jax.threefry_partitionable`` context manager (the
+    setting is part of jit's cache key: each mode compiles its own
+    program). Returns ``{False: ModeResult, True: ModeResult}``.
+    """
+    from spmd_guide import hlo
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    results = {}
+    for partitionable in (False, True):
+        with jax.threefry_partitionable(partitionable):
+            counts = hlo.collective_counts(jitted, *args)
+            values = np.asarray(jitted(*args))
+        results[partitionable] = ModeResult(partitionable, counts,
+                                            values)
+    return results
+
+
+def prefix_matches(key: jax.Array, *, size: int, prefix: int) -> bool:
+    """Are the numbers of ``(prefix,)`` the first ones of ``(size,)``?
+
+    True when each number depends only on the key and its own index (the
+    counter is the index); False when it also depends on the array's size.
+    """
+    if not 0 < prefix <= size:
+        raise ValueError(
+            f"need 0 < prefix <= size, got prefix={prefix}, size={size}.")
+    whole = jax.random.uniform(key, (size,))
+    part = jax.random.uniform(key, (prefix,))
+    return bool(jnp.array_equal(whole[:prefix], part))
+
+
+def sampler(shape: tuple[int, ...], sharding: Sharding, *,
+            distribution: Callable[..., jax.Array] = jax.random.normal
+            ) -> Callable[[jax.Array], jax.Array]:
+    """A jitted ``key -> distribution(key, shape)``, laid out by
+    ``sharding``.
+
+    Each device computes only its own block. In partitionable mode the
+    values do not depend on ``sharding``: a key gives the same array on
+    one device or eight. Pass the function to ``spmd_guide.hlo`` to read
+    its compiled program.
+    """
+    return jax.jit(lambda key: distribution(key, shape),
+                   out_shardings=sharding)
+
+
+def device_key(key: jax.Array,
+               axis_names: str | Sequence[str]) -> jax.Array:
+    """Inside ``shard_map``: this device's own key, ``fold_in(key, i)``.
+
+    ``i`` is the device's linear position over the mesh axes
+    ``axis_names`` (``jax.lax.axis_index`` of the tuple). Name the axes
+    that split the data: devices holding the same block (replicas over
+    other axes) then get the same key, which keeps the replicas identical.
+    """
+    if isinstance(axis_names, str):
+        names: tuple[str, ...] = (axis_names,)
+    else:
+        names = tuple(axis_names)
+    if not names:
+        raise ValueError("device_key needs at least one mesh axis name.")
+    return jax.random.fold_in(key, jax.lax.axis_index(names))
+
+
+def dropout(key: jax.Array, x: jax.Array, *, rate: float) -> jax.Array:
+    """Inverted dropout: zero each entry with probability ``rate``, and
+    scale the others by ``1 / (1 - rate)`` to keep the expected value."""
+    if not 0.0 <= rate < 1.0:
+        raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}.")
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def sharded_dropout(key: jax.Array, x: jax.Array, mesh: Mesh, *,
+                    axis_name: str, rate: float,
+                    per_device_keys: bool = True) -> jax.Array:
+    """Dropout on ``x``, split by rows over ``axis_name``, in shard_map.
+
+    With ``per_device_keys=True`` each device draws its mask from
+    :func:`device_key`; with ``False`` every device uses ``key`` itself
+    (the common mistake: every device gets the same mask). The result is
+    laid out ``P(axis_name)``.
+    """
+    if axis_name not in mesh.shape:
+        raise ValueError(f"axis_name {axis_name!r} is not an axis of the "
+                         f"mesh (axes: {tuple(mesh.shape)}).")
+    size = mesh.shape[axis_name]
+    if x.ndim < 1 or x.shape[0] % size:
+        raise ValueError(
+            f"x of shape {x.shape} cannot be split by rows over mesh "
+            f"axis {axis_name!r} of size {size}: the first dimension must "
+            f"be a multiple of {size}.")
+    x = jax.device_put(x, NamedSharding(mesh, P(axis_name)))
+    program = _dropout_program(mesh, axis_name, float(rate),
+                               per_device_keys)
+    return program(key, x)
+
+
+@functools.lru_cache(maxsize=32)
+def _dropout_program(mesh: Mesh, axis_name: str, rate: float,
+                     per_device_keys: bool) -> Callable[..., jax.Array]:
+    """The jitted shard_map program of :func:`sharded_dropout`."""
+
+    def local(key: jax.Array, block: jax.Array) -> jax.Array:
+        if per_device_keys:
+            key = device_key(key, axis_name)
+        return dropout(key, block, rate=rate)
+
+    spec = P(axis_name)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), spec),
+                                 out_specs=spec))
+
+
+def block_correlation(values: Any, *, blocks: int) -> float:
+    """Mean correlation between ``blocks`` equal row blocks of ``values``.
+
+    One block per device: 1.0 means every device produced the same numbers,
+    near 0 means independent streams.
+    """
+    array = np.asarray(values, dtype=np.float64)
+    if blocks < 2 or array.ndim < 1 or array.shape[0] % blocks:
+        raise ValueError(
+            f"need at least 2 blocks that split the first dimension evenly, "
+            f"got blocks={blocks} for shape {array.shape}.")
+    rows = array.reshape(blocks, -1)
+    if np.any(rows.std(axis=1) == 0):
+        raise ValueError("a block is constant: its correlation is undefined.")
+    matrix = np.corrcoef(rows)
+    return float(matrix[~np.eye(blocks, dtype=bool)].mean())

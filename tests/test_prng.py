@@ -1,0 +1,207 @@
+"""The facts the random-numbers chapter states, pinned on the installed JAX."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import mesh_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import hlo, prng
+
+
+@pytest.fixture(scope="module")
+def noise_modes():
+    """The chapter's example: uniform noise on arange(24) over 8 devices, key(42)."""
+    mesh = mesh_of(8, explicit=True)
+    x = jax.device_put(jnp.arange(24, dtype=jnp.float32), NamedSharding(mesh, P("x")))
+    key = jax.random.key(42)
+    return key, x, prng.compare_modes(prng.add_uniform_noise, key, x)
+
+
+def test_flag_off_needs_collective_permute_and_on_needs_none(noise_modes):
+    _, _, results = noise_modes
+    assert results[False].collectives["collective-permute"] > 0
+    assert results[True].total_collectives == 0
+    assert set(results[True].collectives) == set(hlo.KINDS)
+    assert results[True].collectives_text() == "none"
+    assert "collective-permute" in results[False].collectives_text()
+
+
+def test_modes_give_different_values_both_valid_noise(noise_modes):
+    key, x, results = noise_modes
+    off, on = results[False].values, results[True].values
+    assert not np.array_equal(off, on)
+    for values in (off, on):
+        noise = values - np.arange(24)
+        assert np.all((noise >= 0) & (noise < 1))
+    # partitionable mode is what plain (default) JAX computes
+    np.testing.assert_array_equal(on, np.asarray(prng.add_uniform_noise(key, x)))
+
+
+def test_compare_modes_leaves_the_flag_as_it_was(noise_modes):
+    key, x, _ = noise_modes
+    before = jax.config.jax_threefry_partitionable
+    prng.compare_modes(prng.add_uniform_noise, key, x)
+    assert jax.config.jax_threefry_partitionable == before
+    assert before is True  # the default since JAX 0.5.0
+
+
+def test_split_into_sharded_keys_needs_communication_only_with_flag_off():
+    mesh = mesh_of(8)
+    split = jax.jit(lambda k: jax.random.split(k, 8), out_shardings=NamedSharding(mesh, P("x")))
+    results = prng.compare_modes(lambda k: jax.random.key_data(split(k)), jax.random.key(42))
+    assert results[False].total_collectives > 0
+    assert results[True].total_collectives == 0
+
+
+def test_counter_is_the_index_only_in_partitionable_mode():
+    key = jax.random.key(42)
+    assert prng.prefix_matches(key, size=24, prefix=12)
+    with jax.threefry_partitionable(False):
+        assert not prng.prefix_matches(key, size=24, prefix=12)
+    with pytest.raises(ValueError, match="prefix"):
+        prng.prefix_matches(key, size=4, prefix=5)
+
+
+def test_same_key_same_numbers_whatever_the_sharding():
+    key = jax.random.key(7)
+    reference = np.asarray(jax.random.uniform(key, (16, 8)))
+    # (8 devices, columns: see the exercise test below)
+    layouts = [(mesh_of(2), P("x")), (mesh_of(8, ("a", "b"), (2, 4)), P("a", "b"))]
+    for mesh, spec in layouts:
+        sharding = NamedSharding(mesh, spec)
+        generate = prng.sampler((16, 8), sharding, distribution=jax.random.uniform)
+        sampled = generate(key)
+        assert sampled.sharding.is_equivalent_to(sharding, 2)
+        np.testing.assert_array_equal(np.asarray(sampled), reference)
+        assert sum(hlo.collective_counts(generate, key).values()) == 0
+
+
+def test_fold_in_gives_each_device_its_own_stream():
+    mesh = mesh_of(8)
+    ones = jnp.ones((8, 64))
+    own = np.asarray(prng.sharded_dropout(jax.random.key(0), ones, mesh, axis_name="x", rate=0.5))
+    rows = {row.tobytes() for row in own}
+    assert len(rows) == 8
+    assert abs(prng.block_correlation(own, blocks=8)) < 0.3
+
+
+def test_same_key_on_every_device_gives_the_same_mask():
+    mesh = mesh_of(8)
+    ones = jnp.ones((8, 64))
+    same = np.asarray(prng.sharded_dropout(jax.random.key(0), ones, mesh, axis_name="x",
+                                           rate=0.5, per_device_keys=False))
+    assert all(np.array_equal(row, same[0]) for row in same)
+    assert prng.block_correlation(same, blocks=8) == pytest.approx(1.0)
+
+
+def test_device_key_is_fold_in_of_the_linear_mesh_index():
+    mesh = mesh_of(8, ("a", "b"), (2, 4))
+    key = jax.random.key(3)
+
+    def body(k):
+        return jax.random.key_data(prng.device_key(k, ("a", "b")))[None]
+
+    keys = jax.shard_map(body, mesh=mesh, in_specs=P(), out_specs=P(("a", "b")))(key)
+    fold = jax.vmap(lambda i: jax.random.key_data(jax.random.fold_in(key, i)))
+    expected = np.asarray(fold(jnp.arange(8)))
+    np.testing.assert_array_equal(np.asarray(keys), expected)
+    with pytest.raises(ValueError, match="axis name"):
+        prng.device_key(key, ())
+
+
+def test_dropout_under_jit_is_sharding_independent_and_communication_free():
+    mesh = mesh_of(8)
+    key = jax.random.key(5)
+    x = jnp.ones((16, 8))
+    drop = jax.jit(lambda k, v: prng.dropout(k, v, rate=0.25))
+    reference = np.asarray(drop(key, x))
+    sharded = jax.device_put(x, NamedSharding(mesh, P("x")))
+    np.testing.assert_array_equal(np.asarray(drop(key, sharded)), reference)
+    assert sum(hlo.collective_counts(drop, key, sharded).values()) == 0
+    kept = reference != 0
+    np.testing.assert_allclose(reference[kept], 1 / 0.75)
+
+
+def test_bad_inputs_raise_clear_errors():
+    mesh = mesh_of(8)
+    key = jax.random.key(0)
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
+        prng.sharded_dropout(key, jnp.ones((8, 2)), mesh, axis_name="y", rate=0.5)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        prng.sharded_dropout(key, jnp.ones((6, 2)), mesh, axis_name="x", rate=0.5)
+    with pytest.raises(ValueError, match="rate"):
+        prng.dropout(key, jnp.ones(4), rate=1.0)
+    with pytest.raises(ValueError, match="blocks"):
+        prng.block_correlation(np.ones((6, 2)), blocks=4)
+
+
+def test_typed_and_legacy_keys():
+    typed, legacy = jax.random.key(42), jax.random.PRNGKey(42)
+    assert typed.shape == () and jax.dtypes.issubdtype(typed.dtype, jax.dtypes.prng_key)
+    assert legacy.shape == (2,) and legacy.dtype == jnp.uint32
+    np.testing.assert_array_equal(jax.random.key_data(typed), legacy)
+    with pytest.raises(TypeError):
+        typed + 1  # noqa: B018 -- keys are not numbers
+    np.testing.assert_array_equal(jax.random.uniform(typed, (3,)), jax.random.uniform(legacy, (3,)))
+
+
+def test_sharded_batch_of_typed_keys():
+    mesh = mesh_of(8)
+    keys = jax.device_put(jax.random.split(jax.random.key(42), 8), NamedSharding(mesh, P("x")))
+    assert keys.shape == (8,)
+    data = jax.random.key_data(keys)
+    assert data.shape == (8, 2) and data.sharding.spec == P("x", None)
+    per_key = jax.jit(jax.vmap(lambda k: jax.random.uniform(k, (4,))))
+    out = per_key(keys)
+    assert out.sharding.spec[0] == "x"
+    assert sum(hlo.collective_counts(per_key, keys).values()) == 0
+
+
+# ------------------------------------------------------------------ the chapter's exercises
+
+
+def test_exercise_column_sharding_needs_no_communication():
+    """Exercise 1: normal(key, (16, 8)) laid out P(None, 'x') is local and equals the unsharded."""
+    key = jax.random.key(0)
+    generate = prng.sampler((16, 8), NamedSharding(mesh_of(8), P(None, "x")))
+    assert sum(hlo.collective_counts(generate, key).values()) == 0
+    np.testing.assert_array_equal(np.asarray(generate(key)),
+                                  np.asarray(jax.random.normal(key, (16, 8))))
+
+
+def test_exercise_fold_in_only_the_axes_that_split_the_data():
+    """Exercise 2: x split over 'data', replicated over 'model': fold in 'data' only."""
+    mesh = mesh_of(8, ("data", "model"), (2, 4))
+    x = jax.device_put(jnp.ones((4, 32)), NamedSharding(mesh, P("data")))
+
+    def masks(axes):
+        def body(k, block):
+            return prng.dropout(prng.device_key(k, axes), block, rate=0.5)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")),
+                                     out_specs=P("data")))(jax.random.key(0), x)
+
+    out = masks("data")
+    # the replicas over 'model' of each block hold the same mask
+    by_block: dict[int, list[np.ndarray]] = {}
+    for shard in out.addressable_shards:
+        by_block.setdefault(shard.index[0].start, []).append(np.asarray(shard.data))
+    assert sorted(by_block) == [0, 2] and all(len(v) == 4 for v in by_block.values())
+    for replicas in by_block.values():
+        assert all(np.array_equal(r, replicas[0]) for r in replicas)
+    assert not np.array_equal(by_block[0][0], by_block[2][0])
+    with pytest.raises(Exception, match="model"):
+        masks(("data", "model"))
+
+
+def test_exercise_legacy_key_batch_shape():
+    """Exercise 3: eight legacy keys are uint32[8, 2]; typed keys are key<fry>[8]."""
+    legacy = jax.random.split(jax.random.PRNGKey(0), 8)
+    typed = jax.random.split(jax.random.key(0), 8)
+    assert legacy.shape == (8, 2) and legacy.dtype == jnp.uint32
+    assert typed.shape == (8,)
+    np.testing.assert_array_equal(legacy, jax.random.key_data(typed))
