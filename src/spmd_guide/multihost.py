@@ -1,0 +1,459 @@
+"""Run one program in several JAX processes on this machine, as a pod or cluster would.
+
+JAX's multi-controller runtime runs the *same* program in every process; the processes meet
+through ``jax.distributed.initialize`` and then share one global set of devices. On a TPU pod
+or a GPU cluster each process runs on its own host. Here :func:`launch` starts ``N`` local
+processes instead, each with ``M`` CPU devices, a coordinator on a free loopback port and CPU
+collectives over gloo, so ``N x M`` global devices behave like a small cluster.
+
+The launcher owns the processes it starts: each runs in its own process group, its stdout and
+stderr are captured, and if any process fails or the time limit passes, every process group is
+killed before the call raises :class:`ProcessFailed` (or :class:`ProcessTimeout`) carrying the
+guilty process's output. Nothing is left running.
+
+What runs is either a function, named by an importable ``"package.module:function"`` (each
+process imports it; nothing is pickled) whose JSON-able return value comes back, or a script
+file run as ``__main__``. Both start with JAX already initialized for their process.
+
+POSIX only (Linux, macOS): it relies on process groups.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+"""The only address the launcher uses: coordinator, its listening socket and gloo all stay on it."""
+
+_POLL_SECONDS = 0.05
+_TAIL_LINES = 12
+_DEVICE_COUNT_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S*")
+_FUNCTION_NAME = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    """What one process left behind: its id, exit code, output and (for functions) return value.
+
+    ``os_pid`` is the operating system's id of the (now finished) process; ``seconds`` is when
+    it finished, counted from the launch.
+    """
+
+    process_id: int
+    returncode: int
+    stdout: str
+    stderr: str
+    value: Any = None
+    seconds: float = 0.0
+    os_pid: int = 0
+
+
+class ProcessFailed(RuntimeError):
+    """A launched process failed; every other process was stopped.
+
+    ``process_id``, ``returncode``, ``stdout`` and ``stderr`` describe the process that failed
+    first; ``results`` holds what every process had written when they were stopped.
+    """
+
+    def __init__(self, message: str, *, process_id: int, returncode: int,
+                 stdout: str, stderr: str, results: list[ProcessResult]):
+        super().__init__(message)
+        self.process_id = process_id
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.results = results
+
+
+class ProcessTimeout(ProcessFailed, TimeoutError):
+    """The time limit passed before every process finished; all of them were stopped.
+
+    ``process_id`` is the first process still running at the limit; ``still_running`` lists all.
+    """
+
+    def __init__(self, message: str, *, still_running: list[int], **details: Any):
+        super().__init__(message, **details)
+        self.still_running = still_running
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A validated thing to run: a function ``module:name`` or a script path."""
+
+    function: str | None = None
+    script: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.function or f"script {self.script}"
+
+
+def free_port() -> int:
+    """A TCP port on the loopback address that is free right now (the OS picks it: bind port 0).
+
+    Another program could take it before the coordinator binds it; then process 0 fails to
+    start and :func:`launch` raises :class:`ProcessFailed` saying so.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def launch(
+    target: Callable[..., Any] | str | os.PathLike[str],
+    *,
+    num_processes: int = 2,
+    devices_per_process: int = 4,
+    timeout: float = 60.0,
+    kwargs: Mapping[str, Any] | None = None,
+    args: Sequence[str] = (),
+) -> list[ProcessResult]:
+    """Run ``target`` in ``num_processes`` local JAX processes with ``devices_per_process`` CPU
+    devices each; return one :class:`ProcessResult` per process, ordered by process id.
+
+    ``target`` is a module-level function (or its name, ``"package.module:function"``), called
+    in every process as ``function(**kwargs)`` with JSON-able ``kwargs``; its JSON-able return
+    value comes back as ``ProcessResult.value``. Or it is the path of a ``.py`` script, run as
+    ``__main__`` with ``sys.argv[1:] == args``. In each process, ``jax.distributed.initialize``
+    has already run, so ``jax.devices()`` holds all ``num_processes * devices_per_process``
+    devices. A Python ``print`` goes to that process's ``stdout``; messages of native libraries
+    (gloo, XLA) go to its ``stderr``.
+
+    Raises ``ValueError``/``TypeError`` for bad arguments before starting anything,
+    :class:`ProcessFailed` if a process exits with an error, and :class:`ProcessTimeout` if the
+    processes are not all done within ``timeout`` seconds. In every case all processes are
+    stopped before the call returns or raises.
+    """
+    _check_count("num_processes", num_processes)
+    _check_count("devices_per_process", devices_per_process)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
+            or not math.isfinite(timeout):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    resolved = _resolve_target(target)
+    if resolved.function is None and kwargs:
+        raise TypeError("kwargs are passed to a function; a script takes its inputs from args.")
+    if resolved.script is None and args:
+        raise TypeError("args are a script's command line; pass a function's inputs as kwargs.")
+    if isinstance(args, str) or not all(isinstance(a, str) for a in args):
+        raise TypeError(f"args must be a sequence of strings, got {args!r}.")
+    try:
+        kwargs_json = json.dumps(dict(kwargs or {}))
+    except TypeError as error:
+        raise TypeError(f"kwargs must be JSON-serializable (numbers, strings, lists, dicts): "
+                        f"{error}.") from None
+
+    with tempfile.TemporaryDirectory(prefix="spmd_multihost_") as workdir:
+        port = free_port()
+        spec = {
+            "function": resolved.function,
+            "script": resolved.script,
+            "args": list(args),
+            "kwargs": json.loads(kwargs_json),
+            "coordinator": f"{LOOPBACK}:{port}",
+            "num_processes": num_processes,
+            "devices_per_process": devices_per_process,
+            "timeout": timeout,
+        }
+        spec_path = Path(workdir, "spec.json")
+        spec_path.write_text(json.dumps(spec))
+        return _run_all(spec_path, Path(workdir), resolved, num_processes, devices_per_process,
+                        timeout)
+
+
+def still_running(results: Sequence[ProcessResult]) -> list[int]:
+    """The process ids among ``results`` of which any process (or child of it) is still alive.
+
+    After :func:`launch` returns or raises this is always empty; the chapter and the tests
+    check it.
+    """
+    alive = []
+    for result in results:
+        try:
+            os.killpg(result.os_pid, 0)  # signal 0: only asks whether the group exists
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            pass
+        alive.append(result.process_id)
+    return alive
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+
+
+def _resolve_target(target: object) -> _Target:
+    """Check that ``target`` names an importable module-level function or an existing script."""
+    if isinstance(target, os.PathLike) or (isinstance(target, str) and target.endswith(".py")):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ValueError(f"script {str(target)!r} does not exist (resolved to {path}).")
+        return _Target(script=str(path))
+    if callable(target) and not isinstance(target, str):
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", "")
+        if module in (None, "__main__") or "." in qualname or "<" in qualname:
+            raise ValueError(
+                f"{target!r} cannot be imported by the other processes: launch needs a function "
+                "defined at the top level of an importable module (not in a notebook or script "
+                "run as __main__, not a lambda, closure or method). Move it into a .py module "
+                "and pass it, or its name 'package.module:function'.")
+        target = f"{module}:{qualname}"
+    if not isinstance(target, str) or not _FUNCTION_NAME.match(target):
+        raise ValueError(f"target must be a function, 'package.module:function' or a path to a "
+                         f".py script, got {target!r}.")
+    module_name, name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"cannot import module {module_name!r} of target {target!r}: "
+                         f"{error}.") from None
+    if not callable(getattr(module, name, None)):
+        raise ValueError(f"module {module_name!r} has no function {name!r} (target {target!r}).")
+    return _Target(function=target)
+
+
+def _child_env(devices_per_process: int) -> dict[str, str]:
+    """The parent's environment, set for CPU devices, with the parent's import path."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    flags = _DEVICE_COUNT_FLAG.sub("", env.get("XLA_FLAGS", "")).split()
+    env["XLA_FLAGS"] = " ".join(
+        [*flags, f"--xla_force_host_platform_device_count={devices_per_process}"])
+    paths = [*sys.path, *env.get("PYTHONPATH", "").split(os.pathsep)]
+    env["PYTHONPATH"] = os.pathsep.join(
+        dict.fromkeys(p for p in paths if p and Path(p).is_dir()))
+    env["PYTHONUNBUFFERED"] = "1"
+    for variable in ("JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_BIND_ADDRESS",
+                     "JAX_LOCAL_DEVICE_IDS"):
+        env.pop(variable, None)
+    return env
+
+
+def _run_all(spec_path: Path, workdir: Path, target: _Target, num_processes: int,
+             devices_per_process: int, timeout: float) -> list[ProcessResult]:
+    """Start the processes, watch them until all succeed, one fails or time runs out."""
+    env = _child_env(devices_per_process)
+    procs: list[subprocess.Popen] = []
+    files = []
+    start = time.monotonic()
+    finished: dict[int, float] = {}
+    try:
+        for index in range(num_processes):
+            out = open(workdir / f"{index}.out", "w+b")
+            err = open(workdir / f"{index}.err", "w+b")
+            files.append((out, err))
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "spmd_guide.multihost", str(spec_path), str(index)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                start_new_session=True))  # its own process group, killed as a whole
+        while True:
+            elapsed = time.monotonic() - start
+            for index, proc in enumerate(procs):
+                if index not in finished and proc.poll() is not None:
+                    finished[index] = elapsed
+            failed = [index for index in finished if procs[index].returncode != 0]
+            if failed:
+                first = min(failed, key=lambda p: (finished[p], p))
+                _stop(procs)
+                results = _collect(procs, files, workdir, finished, start)
+                raise _failure(first, results, target, num_processes, elapsed)
+            if len(finished) == num_processes:
+                return _collect(procs, files, workdir, finished, start)
+            if elapsed > timeout:
+                _stop(procs)
+                results = _collect(procs, files, workdir, finished, start)
+                running = [p for p in range(num_processes) if p not in finished]
+                raise _timeout(running, results, target, num_processes, timeout)
+            time.sleep(_POLL_SECONDS)
+    finally:
+        _stop(procs)
+        for out, err in files:
+            out.close()
+            err.close()
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Kill every process group we started (children included) and reap the processes."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in procs:
+        proc.wait()
+
+
+def _collect(procs, files, workdir: Path, finished: dict[int, float],
+             start: float) -> list[ProcessResult]:
+    results = []
+    for index, (proc, (out, err)) in enumerate(zip(procs, files)):
+        value_path = workdir / f"{index}.json"
+        try:
+            value = json.loads(value_path.read_text())
+        except (OSError, ValueError):  # no value: a script, or a process stopped before the end
+            value = None
+        results.append(ProcessResult(
+            process_id=index,
+            returncode=proc.returncode,
+            stdout=_read(out),
+            stderr=_read(err),
+            value=value,
+            seconds=round(finished.get(index, time.monotonic() - start), 2),
+            os_pid=proc.pid,
+        ))
+    return results
+
+
+def _read(file) -> str:
+    file.flush()
+    file.seek(0)
+    return file.read().decode(errors="replace")
+
+
+def _tail(text: str) -> str:
+    lines = text.rstrip().splitlines()[-_TAIL_LINES:]
+    return "\n".join("    " + line for line in lines) if lines else "    (empty)"
+
+
+def _failure(index: int, results: list[ProcessResult], target: _Target, n: int,
+             elapsed: float) -> ProcessFailed:
+    bad = results[index]
+    how = (f"was killed by signal {-bad.returncode}" if bad.returncode < 0
+           else f"exited with code {bad.returncode}")
+    message = (f"process {index} of {n} running {target.label} {how} after {elapsed:.1f} s; "
+               f"the other processes were stopped.\nLast lines of its stderr:\n{_tail(bad.stderr)}")
+    return ProcessFailed(message, process_id=index, returncode=bad.returncode, stdout=bad.stdout,
+                         stderr=bad.stderr, results=results)
+
+
+def _timeout(running: list[int], results: list[ProcessResult], target: _Target, n: int,
+             timeout: float) -> ProcessTimeout:
+    first = results[running[0]]
+    who = (f"process {running[0]} of {n} running {target.label} was" if len(running) == 1
+           else f"processes {running} of {n} running {target.label} were")
+    message = (f"{who} still running at the {timeout:g} s time limit; all processes were "
+               f"stopped.\nLast lines of process {first.process_id}'s stdout:\n"
+               f"{_tail(first.stdout)}")
+    return ProcessTimeout(message, still_running=running, process_id=first.process_id,
+                          returncode=first.returncode, stdout=first.stdout,
+                          stderr=first.stderr, results=results)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside each launched process: `python -m spmd_guide.multihost SPEC PROCESS_ID`.
+
+
+def _separate_native_stdout() -> None:
+    """Keep Python's prints on stdout and send native libraries' chatter (fd 1) to stderr."""
+    python_stdout = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = open(python_stdout, "w", buffering=1, closefd=True)
+
+
+def _use_loopback_gloo() -> None:
+    """Make gloo listen on the loopback address, not on the host name's.
+
+    ``jax.distributed.initialize`` has no argument for it, so the CPU
+    backend factory is replaced by one that builds gloo's TCP collectives
+    with ``hostname=LOOPBACK``. The backend starts lazily, after
+    ``initialize`` made the distributed client that gloo needs.
+    """
+    from jax._src import distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    def cpu_client_on_loopback():
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=distributed.global_state.client,
+            hostname=LOOPBACK)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory(
+        "cpu", cpu_client_on_loopback, priority=0, fail_quietly=False)
+
+
+def process_main(spec_path: str, process_id: int) -> None:
+    """What each launched process runs: set up JAX, join the others, run
+    the target, and leave together (or at once, if the target failed)."""
+    spec = json.loads(Path(spec_path).read_text())
+    _separate_native_stdout()
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_num_cpu_devices", spec["devices_per_process"])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    _use_loopback_gloo()
+    port = spec["coordinator"].rsplit(":", 1)[1]
+    jax.distributed.initialize(
+        coordinator_address=spec["coordinator"],
+        coordinator_bind_address=f"{LOOPBACK}:{port}",
+        num_processes=spec["num_processes"],
+        process_id=process_id,
+        initialization_timeout=max(1, math.ceil(spec["timeout"])),
+        cluster_detection_method="deactivate",  # not SLURM's, not a TPU's
+    )
+    try:
+        _run_target(spec, spec_path, process_id)
+    except BaseException as error:  # an exception, or sys.exit() in a script
+        code = _report(error)
+        if code != 0:
+            _exit_now(code)
+    sys.stdout.flush()
+    jax.distributed.shutdown()
+
+
+def _run_target(spec: dict[str, Any], spec_path: str, process_id: int) -> None:
+    if spec["function"] is not None:
+        module_name, name = spec["function"].split(":")
+        function = getattr(importlib.import_module(module_name), name)
+        value = function(**spec["kwargs"])
+        try:
+            encoded = json.dumps(value)
+        except TypeError as error:
+            raise TypeError(f"{spec['function']} must return a JSON-serializable value "
+                            f"(numbers, strings, lists, dicts, None): {error}.") from None
+        Path(spec_path).with_name(f"{process_id}.json").write_text(encoded)
+    else:
+        import runpy
+
+        sys.argv = [spec["script"], *spec["args"]]
+        runpy.run_path(spec["script"], run_name="__main__")
+
+
+def _report(error: BaseException) -> int:
+    """Print what went wrong to stderr; return the exit code it calls for (0: none)."""
+    if isinstance(error, SystemExit):
+        if error.code is None or isinstance(error.code, int):
+            return error.code or 0
+        print(error.code, file=sys.stderr)
+        return 1
+    traceback.print_exc()
+    return 1
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once. A normal exit would run JAX's shutdown, which waits (minutes) for every
+    other process to reach it: a failed process must not sit there while the others wait too."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    process_main(sys.argv[1], int(sys.argv[2]))

@@ -1,0 +1,334 @@
+"""The programs Part VI runs in several processes at once, with :func:`spmd_guide.multihost.launch`.
+
+Every function here runs in *each* launched process, after ``jax.distributed.initialize``: the
+same code, a different ``jax.process_index()``. Each prints what its process sees (that is the
+process's own output, which the chapter shows) and returns a JSON-able summary for the tests.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import textwrap
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide.data import sharded_batches
+from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
+
+
+def describe_process(*, rows_per_device: int = 2) -> dict[str, Any]:
+    """Print and return what this process sees: its devices, all devices,
+    and its shards of a global array built from per-process data."""
+    me, count = jax.process_index(), jax.process_count()
+    local_ids = [d.id for d in jax.local_devices()]
+    global_ids = [d.id for d in jax.devices()]
+    print(f"process {me} of {count}")
+    print(f"  local devices:  {local_ids}")
+    print(f"  global devices: {global_ids}")
+
+    # x = arange(rows_per_device * device_count), sharded over every device.
+    # Each process passes only its own part: rows_here consecutive values.
+    mesh = jax.make_mesh((jax.device_count(),), ("data",),
+                         axis_types=(AxisType.Explicit,))
+    sharding = NamedSharding(mesh, P("data"))
+    rows_here = rows_per_device * jax.local_device_count()
+    local_part = np.arange(me * rows_here, (me + 1) * rows_here,
+                           dtype=np.int32)
+    x = jax.make_array_from_process_local_data(sharding, local_part)
+    print(f"x: global shape {x.shape}, "
+          f"fully addressable: {x.is_fully_addressable}")
+    shards = []
+    for shard in x.addressable_shards:
+        (rows,) = shard.index
+        data = np.asarray(shard.data).tolist()
+        shards.append({"device": shard.device.id, "start": rows.start,
+                       "stop": rows.stop, "data": data})
+        print(f"  device {shard.device.id:>4} holds "
+              f"x[{rows.start}:{rows.stop}] = {data}")
+    elsewhere = [i for i in global_ids if i not in local_ids]
+    print(f"  devices {elsewhere} hold the rest")
+
+    # One program on all devices: its all-reduce crosses processes.
+    total = int(jax.jit(jnp.sum)(x))
+    print(f"sum(x) over all {len(global_ids)} devices = {total}")
+    try:
+        np.asarray(x)
+        fetch_error = None
+    except RuntimeError as error:
+        fetch_error = f"{type(error).__name__}: {error}"
+        first = re.match(r".*?\.(?=\s|$)", str(error))
+        print(textwrap.fill(
+            f"np.asarray(x) -> {type(error).__name__}: "
+            f"{first.group(0) if first else error}",
+            76, subsequent_indent="    "))
+
+    return {
+        "process_index": me, "process_count": count,
+        "local_devices": local_ids, "global_devices": global_ids,
+        "device_process": {str(d.id): d.process_index
+                           for d in jax.devices()},
+        "global_shape": list(x.shape),
+        "fully_addressable": x.is_fully_addressable,
+        "shards": shards, "other_devices": elsewhere, "sum": total,
+        "fetch_error": fetch_error,
+        "hybrid_mesh": hybrid_mesh_ids(),
+        "listening": listening_addresses(),
+    }
+
+
+def hybrid_mesh_ids() -> list[list[int]]:
+    """Device ids of a ``("data", "model")`` mesh whose ``data`` axis crosses processes.
+
+    ``create_hybrid_device_mesh`` builds a mesh per *granule* (a slice on a multi-slice TPU, a
+    process with ``process_is_granule=True``) from ``mesh_shape`` and lays the granules out by
+    ``dcn_mesh_shape``: here ``model`` stays inside a process (the fast links) and ``data``
+    goes between processes (the slow network).
+    """
+    devices = mesh_utils.create_hybrid_device_mesh(
+        mesh_shape=(1, jax.local_device_count()),
+        dcn_mesh_shape=(jax.process_count(), 1),
+        process_is_granule=True,
+    )
+    return [[d.id for d in row] for row in devices]
+
+
+def misbehave(*, raise_on: int | None = None,
+              hang_on: int | None = None) -> int:
+    """Fail on purpose: process ``raise_on`` raises, ``hang_on`` hangs."""
+    me = jax.process_index()
+    print(f"process {me} started", flush=True)
+    if me == raise_on:
+        raise RuntimeError(f"process {me} gives up on purpose")
+    if me == hang_on:
+        print(f"process {me} hangs on purpose", flush=True)
+        while True:
+            time.sleep(1)
+    return me
+
+
+def listening_addresses() -> list[str] | None:
+    """``host:port`` of every TCP socket this process listens on (Linux ``/proc``; else None)."""
+    if not Path("/proc/self/fd").is_dir():
+        return None
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            host_hex, port_hex = local.split(":")
+            raw = bytes.fromhex(host_hex)
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # little-endian words
+            address = ipaddress.ip_address(raw)
+            if address.version == 6 and address.ipv4_mapped:
+                address = address.ipv4_mapped
+            found.append(f"{address}:{int(port_hex, 16)}")
+    return sorted(found)
+
+
+def example_problem(*, layer_sizes: Sequence[int] = (8, 16, 8), num_examples: int = 64,
+                    seed: int = 0) -> tuple[dict[str, np.ndarray], Params]:
+    """The Part IV regression task as a dataset (``x``, ``y`` and each example's ``id``) and
+    the MLP's initial parameters, both from ``seed``."""
+    (x, y), params = _make_problem(seed, sizes=tuple(layer_sizes), num_examples=num_examples)
+    dataset = {"x": np.asarray(x), "y": np.asarray(y),
+               "id": np.arange(num_examples, dtype=np.int32)}
+    return dataset, params
+
+
+@partial(jax.jit, static_argnames=("sizes", "num_examples"))  # one compilation, not one per op
+def _make_problem(seed: int, *, sizes: tuple[int, ...], num_examples: int):
+    data = make_regression_batch(jax.random.key(seed), num_examples, sizes[0], sizes[-1])
+    return data, init_mlp(jax.random.key(seed + 1), sizes)
+
+
+def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
+    """Write :func:`example_problem` (``options`` are its arguments) to an ``.npz`` file; return
+    its path. The launched processes read it, as the hosts of a cluster read the same files."""
+    dataset, params = example_problem(**options)
+    layers = {f"{kind}{i}": np.asarray(array) for i, layer in enumerate(params)
+              for kind, array in zip("wb", layer)}
+    np.savez(path, **dataset, **layers)
+    return os.fspath(path)
+
+
+def load_problem(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], Params]:
+    """The dataset and parameters written by :func:`save_problem`, as NumPy arrays."""
+    with np.load(path) as saved:
+        dataset = {key: saved[key] for key in ("x", "y", "id")}
+        params = [(saved[f"w{i}"], saved[f"b{i}"])
+                  for i in range(sum(key.startswith("w") for key in saved.files))]
+    return dataset, params
+
+
+def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
+                       batch_size: int = 32,
+                       seed: int = 0) -> dict[str, Any]:
+    """Loss and gradients of the MLP on one batch of ``problem``, everywhere.
+
+    The batch is the first of an epoch of the Part V loader, laid out as
+    each strategy wants it; each process loads only its devices' rows.
+    Returns the ids of the examples this process loaded and, per strategy,
+    the loss and the gradients (whole, as nested lists).
+    """
+    dataset, initial_params = load_problem(problem)  # the same file for all
+    me = jax.process_index()
+    steps, ids_here = {}, None
+    for name in strategies:
+        strategy = STRATEGIES[name]
+        mesh = strategy.mesh(jax.devices())
+        batches = sharded_batches(dataset, batch_size,
+                                  strategy.batch_sharding(mesh), seed=seed)
+        batch = next(batches)
+        if ids_here is None:
+            ids_here = sorted(int(i)
+                              for shard in batch["id"].addressable_shards
+                              for i in np.asarray(shard.data))
+            print(f"process {me}: loaded examples")
+            print(textwrap.fill(str(ids_here), 76, initial_indent="  ",
+                                subsequent_indent="   "))
+        # The batch is laid out already; place the parameters. (Not with
+        # strategy.shard: it fetches the batch to this host, and a global
+        # batch cannot be fetched.)
+        params = jax.device_put(
+            initial_params, strategy.param_shardings(initial_params, mesh))
+        # Outputs replicated (P()): every process gets them whole.
+        step = jax.jit(jax.value_and_grad(strategy.loss(mesh)),
+                       out_shardings=NamedSharding(mesh, P()))
+        loss, grads = step(params, (batch["x"], batch["y"]))
+        grads = [[np.asarray(g.addressable_data(0)).tolist() for g in layer]
+                 for layer in grads]
+        print(f"process {me}: {name:>4} loss = {float(loss):.6f}, "
+              f"|grad of W0| = {np.linalg.norm(grads[0][0]):.6f}")
+        steps[name] = {"loss": float(loss), "grads": grads}
+    return {"ids": ids_here, "steps": steps}
+
+
+def single_process_step(*, problem: str, batch_size: int = 32, seed: int = 0) -> dict[str, Any]:
+    """The reference for :func:`data_parallel_step`: the same batch, ``mlp_loss`` on one device."""
+    dataset, params = load_problem(problem)
+    one_device = SingleDeviceSharding(jax.devices()[0])
+    batch = next(sharded_batches(dataset, batch_size, one_device, seed=seed))
+    loss, grads = jax.jit(jax.value_and_grad(mlp_loss))(params, (batch["x"], batch["y"]))
+    grads = [[np.asarray(g).tolist() for g in layer] for layer in grads]
+    return {"loss": float(loss), "grads": grads, "ids": sorted(np.asarray(batch["id"]).tolist())}
+
+
+def compare_to_reference(results: list[Any], reference: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per process and strategy: its loss, the reference loss, the largest gradient gap.
+
+    ``results`` are the :class:`~spmd_guide.multihost.ProcessResult` of a
+    :func:`data_parallel_step` launch; ``reference`` is :func:`single_process_step`'s value.
+    """
+    rows = []
+    for result in results:
+        for name, step in result.value["steps"].items():
+            gaps = [np.max(np.abs(np.asarray(g) - np.asarray(r)))
+                    for got, ref in zip(step["grads"], reference["grads"], strict=True)
+                    for g, r in zip(got, ref, strict=True)]
+            rows.append({"process": result.process_id, "strategy": name,
+                         "loss": step["loss"], "1-process loss": reference["loss"],
+                         "max |grad diff|": float(max(gaps))})
+    return rows
+
+
+def max_difference(results: list[Any], reference: dict[str, Any]) -> float:
+    """The largest gap, loss or gradient entry, between any process's step and the reference."""
+    rows = compare_to_reference(results, reference)
+    return max(max(abs(r["loss"] - r["1-process loss"]),
+                   r["max |grad diff|"]) for r in rows)
+
+
+# ---------------------------------------------------------------- what changes on a cluster
+
+
+SLURM_EXAMPLE_ENV = {
+    "SLURM_JOB_ID": "12345",
+    "SLURM_STEP_NODELIST": "node[001-004]",
+    "SLURM_NTASKS": "8",
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+}
+"""What ``srun --nodes=4 --ntasks-per-node=2`` sets for its sixth task (the second on node002)."""
+
+
+def slurm_detection_example(env: dict[str, str] = SLURM_EXAMPLE_ENV) -> dict[str, Any]:
+    """What an argument-less ``jax.distributed.initialize()`` would use under SLURM's variables.
+
+    Runs the detection step of ``initialize`` (``ClusterEnv.auto_detect_unset_distributed_params``,
+    a private part of JAX) with ``env`` set for the duration of the call only; it connects
+    to nothing.
+    """
+    from unittest import mock
+
+    from jax._src.clusters import ClusterEnv, SlurmCluster
+
+    with mock.patch.dict(os.environ, env):
+        for other in ("OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_PORT"):
+            os.environ.pop(other, None)
+        detected = SlurmCluster.is_env_present()
+        address, count, index, local_ids = ClusterEnv.auto_detect_unset_distributed_params(
+            None, None, None, None, None, 300)
+    return {"detected": detected, "coordinator_address": address, "num_processes": count,
+            "process_id": index, "local_device_ids": None if local_ids is None else list(local_ids)}
+
+
+@dataclass(frozen=True)
+class StandInDevice:
+    """Enough of a device for mesh planning: an id, its process (host) and its kind."""
+
+    id: int
+    process_index: int
+    platform: str = "gpu"
+    device_kind: str = "stand-in GPU"
+
+
+def hybrid_mesh_example(*, hosts: int = 4, devices_per_host: int = 8) -> dict[str, Any]:
+    """Plan a ``("data", "fsdp")`` mesh for ``hosts`` hosts without having them.
+
+    ``fsdp`` spans the devices of one host (fast links), ``data`` spans the hosts (network).
+    Returns the mesh shape and, per row, which hosts its devices are on.
+    """
+    devices = [StandInDevice(devices_per_host * host + i, host)
+               for host in range(hosts) for i in range(devices_per_host)]
+    mesh = mesh_utils.create_hybrid_device_mesh(
+        mesh_shape=(1, devices_per_host), dcn_mesh_shape=(hosts, 1), devices=devices,
+        process_is_granule=True)
+    return {"shape": list(mesh.shape),
+            "row_hosts": [sorted({d.process_index for d in row}) for row in mesh]}
+
+
+def cluster_detectors() -> list[dict[str, Any]]:
+    """The cluster environments an argument-less ``jax.distributed.initialize()`` tries, in order.
+
+    Read from JAX's (private) registry of ``ClusterEnv`` subclasses; ``opt_in`` ones are used
+    only when named with ``cluster_detection_method=``.
+    """
+    from jax._src.clusters import ClusterEnv
+
+    return [{"class": env.__name__, "name": env.name or "-", "opt_in": env.opt_in_only_method}
+            for env in ClusterEnv._cluster_types]

@@ -1,0 +1,312 @@
+"""multihost: N local JAX processes over gloo, their output, and clean-up when one misbehaves.
+
+Each launch starts fresh Python processes (about 1-3 s each on 2 cores), so the launches are
+few: the chapter's two examples (2 processes x 4 CPU devices), one raising and one hanging
+process (2 x 2), one single-process run of the chapter's exercise and one script.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from spmd_guide import multihost_examples as examples
+from spmd_guide.multihost import (
+    LOOPBACK,
+    ProcessFailed,
+    ProcessResult,
+    ProcessTimeout,
+    free_port,
+    launch,
+    still_running,
+)
+
+EXAMPLES = "spmd_guide.multihost_examples"
+
+
+def assert_nothing_left(results: list[ProcessResult]) -> None:
+    """No launched process, nor anything in its process group, is still running or a zombie."""
+    assert results and all(r.os_pid > 0 for r in results)
+    assert still_running(results) == []
+    for result in results:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(result.os_pid, 0)
+        with pytest.raises(ProcessLookupError):
+            os.kill(result.os_pid, 0)
+    if os.path.isdir("/proc"):
+        children = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid():  # fields[1] is the parent's pid
+                with open(f"/proc/{entry}/cmdline", "rb") as cmd:
+                    children.append(cmd.read().replace(b"\0", b" ").decode())
+        assert not [c for c in children if "spmd_guide.multihost" in c], children
+
+
+# ------------------------------------------------------------------ arguments, before any launch
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"num_processes": 0}, "num_processes must be an integer >= 1"),
+    ({"num_processes": 1.5}, "num_processes must be an integer >= 1"),
+    ({"num_processes": True}, "num_processes must be an integer >= 1"),
+    ({"devices_per_process": 0}, "devices_per_process must be an integer >= 1"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"timeout": -1.0}, "timeout must be a positive number"),
+    ({"timeout": math.inf}, "timeout must be a positive number"),
+    ({"timeout": math.nan}, "timeout must be a positive number"),
+])
+def test_bad_counts_and_time_limits_are_refused(options, message):
+    with pytest.raises(ValueError, match=message):
+        launch(f"{EXAMPLES}:misbehave", **options)
+
+
+def _nested():
+    def inner():
+        return 1
+    return inner
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_such_module_xyz:main", "cannot import module 'no_such_module_xyz'"),
+    (f"{EXAMPLES}:no_such_function", "has no function 'no_such_function'"),
+    (f"{EXAMPLES}:LOOPBACK_NOT_THERE", "has no function"),
+    ("spmd_guide.multihost:LOOPBACK", "has no function 'LOOPBACK'"),
+    ("misbehave", "target must be a function, 'package.module:function'"),
+    (42, "target must be a function"),
+    ("/no/such/script.py", "does not exist"),
+    (lambda: 1, "cannot be imported by the other processes"),
+    (_nested(), "cannot be imported by the other processes"),
+])
+def test_targets_that_other_processes_cannot_import_are_refused(target, message):
+    with pytest.raises(ValueError, match=message):
+        launch(target)
+
+
+def test_inputs_of_the_wrong_kind_are_refused(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    with pytest.raises(TypeError, match="JSON-serializable"):
+        launch(examples.misbehave, kwargs={"raise_on": object()})
+    with pytest.raises(TypeError, match="script takes its inputs from args"):
+        launch(script, kwargs={"a": 1})
+    with pytest.raises(TypeError, match="pass a function's inputs as kwargs"):
+        launch(examples.misbehave, args=["--x"])
+    with pytest.raises(TypeError, match="sequence of strings"):
+        launch(script, args=[1])
+
+
+def test_free_port_is_a_bindable_loopback_port():
+    port = free_port()
+    assert 0 < port < 65536
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, port))
+
+
+# ------------------------------------------------------------------ the chapter's examples
+
+
+@pytest.fixture(scope="module")
+def described():
+    return launch(examples.describe_process, num_processes=2, devices_per_process=4,
+                  timeout=120)
+
+
+def test_two_processes_share_eight_global_devices(described):
+    values = [r.value for r in described]
+    assert [v["process_index"] for v in values] == [0, 1]
+    assert all(v["process_count"] == 2 and len(v["local_devices"]) == 4 for v in values)
+    global_ids = values[0]["global_devices"]
+    assert len(global_ids) == 8 and values[1]["global_devices"] == global_ids
+    assert sorted(values[0]["local_devices"] + values[1]["local_devices"]) == sorted(global_ids)
+    for v in values:
+        assert {v["device_process"][str(d)] for d in v["local_devices"]} == {v["process_index"]}
+    assert_nothing_left(described)
+
+
+def test_each_process_holds_only_its_rows_of_the_global_array(described):
+    for result in described:
+        v, p = result.value, result.process_id
+        assert v["global_shape"] == [16] and v["fully_addressable"] is False
+        rows = [i for s in v["shards"] for i in s["data"]]
+        assert rows == list(range(8 * p, 8 * p + 8))
+        assert [s["device"] for s in v["shards"]] == v["local_devices"]
+        assert all(s["stop"] - s["start"] == 2 for s in v["shards"])
+        assert v["other_devices"] == described[1 - p].value["local_devices"]
+        assert v["sum"] == sum(range(16))  # computed by one program over both processes
+        assert "non-addressable" in v["fetch_error"]
+        assert f"process {p} of 2" in result.stdout
+        assert "fully addressable: False" in result.stdout
+        assert "[Gloo]" not in result.stdout  # native chatter goes to stderr
+
+
+def test_the_hybrid_mesh_puts_one_process_per_row(described):
+    v = described[0].value
+    assert v["hybrid_mesh"] == [described[0].value["local_devices"],
+                                described[1].value["local_devices"]]
+
+
+def test_processes_listen_only_on_loopback(described):
+    for result in described:
+        listening = result.value["listening"]
+        if listening is None:
+            pytest.skip("no /proc to read sockets from")
+        assert listening, "the gloo and coordinator sockets should be listed"
+        assert all(a.rsplit(":", 1)[0] == LOOPBACK for a in listening), listening
+    assert len(described[0].value["listening"]) > len(described[1].value["listening"])
+
+
+def test_data_parallel_step_over_two_processes_equals_one_process(tmp_path):
+    problem = examples.save_problem(tmp_path / "problem.npz")
+    results = launch(examples.data_parallel_step, num_processes=2, devices_per_process=4,
+                     kwargs={"problem": problem, "strategies": ["dp", "fsdp"]}, timeout=120)
+    reference = examples.single_process_step(problem=problem)
+    ids = [r.value["ids"] for r in results]
+    assert not set(ids[0]) & set(ids[1])
+    assert sorted(ids[0] + ids[1]) == reference["ids"]
+    for result in results:
+        for strategy in ("dp", "fsdp"):
+            got = result.value["steps"][strategy]
+            np.testing.assert_allclose(got["loss"], reference["loss"], rtol=1e-5)
+            for got_layer, ref_layer in zip(got["grads"], reference["grads"], strict=True):
+                for g, r in zip(got_layer, ref_layer, strict=True):
+                    np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
+            assert f"{strategy} loss" in result.stdout
+        assert "loaded examples" in result.stdout
+    assert examples.max_difference(results, reference) < 1e-4
+    assert_nothing_left(results)
+
+
+# ------------------------------------------------------------------ failures
+
+
+def test_a_raising_process_stops_the_others_and_reports_its_output():
+    start = time.monotonic()
+    with pytest.raises(ProcessFailed) as caught:
+        # process 1 raises while process 0 would wait forever: the launcher must stop it.
+        launch(examples.misbehave, num_processes=2, devices_per_process=2, timeout=120,
+               kwargs={"raise_on": 1, "hang_on": 0})
+    elapsed = time.monotonic() - start
+    error = caught.value
+    assert not isinstance(error, ProcessTimeout) and elapsed < 60
+    assert error.process_id == 1 and error.returncode == 1
+    assert "gives up on purpose" in error.stderr and "gives up on purpose" in str(error)
+    assert str(error).splitlines()[0].endswith("the other processes were stopped.")
+    assert "process 1 of 2" in str(error) and "exited with code 1" in str(error)
+    assert "process 1 started" in error.stdout
+    assert error.results[0].returncode == -9  # process 0 was killed, not left waiting
+    assert_nothing_left(error.results)
+
+
+def test_a_hanging_process_is_stopped_at_the_time_limit():
+    start = time.monotonic()
+    with pytest.raises(ProcessTimeout) as caught:
+        launch(examples.misbehave, num_processes=2, devices_per_process=2, timeout=3,
+               kwargs={"hang_on": 1})
+    elapsed = time.monotonic() - start
+    error = caught.value
+    assert isinstance(error, TimeoutError)
+    assert 3 <= elapsed < 20
+    assert 1 in error.still_running and "at the 3 s time limit" in str(error)
+    assert all(r.returncode is not None for r in error.results)
+    assert_nothing_left(error.results)
+
+
+# ------------------------------------------------------------------ one process, a script
+
+
+def test_exercise_one_process_of_eight_devices_is_fully_addressable():
+    (result,) = launch(examples.describe_process, num_processes=1, devices_per_process=8,
+                       timeout=120)
+    v = result.value
+    assert v["process_count"] == 1 and len(v["local_devices"]) == 8
+    assert v["fully_addressable"] is True and v["fetch_error"] is None
+    assert v["other_devices"] == [] and v["sum"] == sum(range(16))
+    assert_nothing_left([result])
+
+
+def test_a_script_runs_as_main_with_its_args(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(
+        "import sys, jax\n"
+        "if __name__ == '__main__':\n"
+        "    print('args', sys.argv[1:], 'devices', jax.device_count(),\n"
+        "          'processes', jax.process_count())\n"
+        "    sys.exit(0)  # a clean exit is not a failure\n")
+    (result,) = launch(script, num_processes=1, devices_per_process=3, args=["--flag", "x"],
+                       timeout=120)
+    assert result.returncode == 0 and result.value is None
+    assert result.stdout.strip() == "args ['--flag', 'x'] devices 3 processes 1"
+    assert_nothing_left([result])
+
+
+# ------------------------------------------------------------------ the other exercises
+
+
+def test_saved_problem_loads_back_exactly(tmp_path):
+    dataset, params = examples.example_problem(layer_sizes=[3, 5, 2], num_examples=8, seed=4)
+    loaded, loaded_params = examples.load_problem(
+        examples.save_problem(tmp_path / "p.npz", layer_sizes=[3, 5, 2], num_examples=8, seed=4))
+    assert sorted(loaded) == ["id", "x", "y"] and len(loaded_params) == len(params) == 2
+    for key in dataset:
+        np.testing.assert_array_equal(loaded[key], dataset[key])
+    for (w, b), (lw, lb) in zip(params, loaded_params):
+        np.testing.assert_array_equal(lw, np.asarray(w))
+        np.testing.assert_array_equal(lb, np.asarray(b))
+
+
+def test_exercise_slurm_detection_reads_the_job_environment():
+    from jax._src.clusters import SlurmCluster
+
+    answer = examples.slurm_detection_example()
+    assert answer["detected"] is True
+    assert answer["coordinator_address"] == "node001:" + str(12345 % 2**12 + 65535 - 2**12 + 1)
+    assert answer["num_processes"] == 8 and answer["process_id"] == 5
+    assert answer["local_device_ids"] == [1]
+    assert not SlurmCluster.is_env_present()  # the example did not leak its environment
+
+
+def test_exercise_hybrid_mesh_for_four_hosts_of_eight_gpus():
+    from jax.experimental import mesh_utils
+
+    @dataclass(frozen=True)
+    class StandIn:
+        id: int
+        process_index: int
+        platform: str = "gpu"
+        device_kind: str = "stand-in GPU"
+
+    devices = [StandIn(8 * host + i, host) for host in range(4) for i in range(8)]
+    mesh = mesh_utils.create_hybrid_device_mesh((1, 8), (4, 1), devices,
+                                                process_is_granule=True)
+    assert mesh.shape == (4, 8)
+    assert [{d.process_index for d in row} for row in mesh] == [{0}, {1}, {2}, {3}]
+    assert examples.hybrid_mesh_example() == {
+        "shape": [4, 8], "row_hosts": [[0], [1], [2], [3]]}
+
+
+@pytest.mark.parametrize("error, code", [
+    (SystemExit(), 0), (SystemExit(0), 0), (SystemExit(3), 3), (SystemExit("bye"), 1),
+    (ValueError("boom"), 1), (KeyboardInterrupt(), 1),
+])
+def test_a_process_exit_code_follows_how_its_target_ended(error, code, capsys):
+    from spmd_guide.multihost import _report
+
+    try:
+        raise error
+    except BaseException as caught:
+        assert _report(caught) == code
+    if code and not isinstance(error, SystemExit):
+        assert type(error).__name__ in capsys.readouterr().err
