@@ -1,0 +1,527 @@
+"""The six collective matmuls of Part III: ``lhs @ rhs`` over a ring, by hand.
+
+Every variant is called ``f(lhs, rhs, mesh, axis_name)`` and returns
+``lhs @ rhs`` sharded ``P(axis_name, None)``: each device ends with a band of
+output rows. Two families:
+
+- **all-gather**: ``lhs`` rows and ``rhs`` rows are both split over the ring.
+  Each device keeps its band of ``lhs`` rows and needs every block of ``rhs``,
+  so the ``rhs`` blocks travel round the ring.
+- **reduce-scatter**: the contraction dimension is split (``lhs`` by columns,
+  ``rhs`` by rows). Each device computes a partial product of the whole
+  output; the partial sums travel round the ring and are added up, each
+  device keeping one band of rows.
+
+Each family comes three ways: one big collective (``all_gather`` /
+``psum_scatter``), an overlapped ring of ``ppermute`` steps interleaved with
+block matmuls, and a bidirectional ring that sends half of every travelling
+block each way round.
+
+Everything a variant needs comes in through its arguments (``mesh``,
+``axis_name``); nothing is read from module or notebook globals, so re-running
+a notebook cell cannot change what an already defined function computes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
+
+# ---------------------------------------------------------------------------
+# Checks at the boundary: bad input gets a clear error before any computation.
+# ---------------------------------------------------------------------------
+
+
+def ring_size(mesh: Mesh, axis_name: str) -> int:
+    """The number of devices along ``axis_name``; a clear error if none."""
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            "mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((8,), "
+            f"('x',))), got {type(mesh).__name__}."
+        )
+    if axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"The mesh has no axis named {axis_name!r}; its axes are "
+            f"{mesh.axis_names}. Pass one of those names as axis_name."
+        )
+    return mesh.shape[axis_name]
+
+
+def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
+                 contraction_by: int) -> None:
+    """Raise ``ValueError`` unless ``lhs @ rhs`` is a 2-D matmul whose
+    blocks split evenly: ``rows_by`` must divide the rows M of ``lhs`` and
+    ``contraction_by`` the contraction dimension K.
+
+    Floor division would silently drop the leftover rows and return a wrong
+    product, so uneven shapes are refused instead.
+    """
+    lhs_shape, rhs_shape = np.shape(lhs), np.shape(rhs)
+    if len(lhs_shape) != 2 or len(rhs_shape) != 2:
+        raise ValueError(
+            f"Collective matmuls take 2-D operands, got lhs of shape "
+            f"{lhs_shape} and rhs of shape {rhs_shape}. Reshape batched "
+            f"inputs to (rows, features) first."
+        )
+    (m, k), (k_rhs, _) = lhs_shape, rhs_shape
+    if k != k_rhs:
+        raise ValueError(
+            f"lhs of shape {lhs_shape} and rhs of shape {rhs_shape} cannot "
+            f"be multiplied: lhs has {k} columns but rhs has {k_rhs} rows."
+        )
+    for what, size, divisor in (("rows M", m, rows_by),
+                                ("contraction K", k, contraction_by)):
+        if size % divisor:
+            raise ValueError(
+                f"lhs of shape {lhs_shape} @ rhs of shape {rhs_shape}: "
+                f"{what} = {size} is not divisible by {divisor}, so it "
+                f"cannot be split into {divisor} equal blocks. Use a "
+                f"multiple of {divisor} (pad with zeros if needed)."
+            )
+
+
+# ---------------------------------------------------------------------------
+# Shared plumbing: place the inputs, run the per-device function.
+# ---------------------------------------------------------------------------
+
+
+def allgather_specs(axis_name: str) -> tuple[P, P]:
+    """The all-gather family's layout of (lhs, rhs): both split by rows."""
+    return P(axis_name, None), P(axis_name, None)
+
+
+def reduce_scatter_specs(axis_name: str) -> tuple[P, P]:
+    """The reduce-scatter family's layout of (lhs, rhs): K split."""
+    return P(None, axis_name), P(axis_name, None)
+
+
+def run_on_ring(per_device: Callable[..., jax.Array], lhs: Any, rhs: Any,
+                mesh: Mesh, axis_name: str, *,
+                specs: tuple[P, P]) -> jax.Array:
+    """Lay out ``lhs`` and ``rhs`` as ``specs`` say, then run
+    ``per_device(lhs_block, rhs_block, axis_name=..., ring=...)`` on every
+    device's blocks. The result is sharded ``P(axis_name, None)``.
+
+    The inputs are placed here because on an Explicit-axes mesh
+    ``shard_map`` rejects an argument whose sharding differs from its
+    ``in_specs``. ``jax.device_put`` works eagerly and under ``jit``, on
+    Auto and Explicit meshes alike.
+    """
+    lhs_spec, rhs_spec = specs
+    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
+    program = _ring_program(per_device, mesh, axis_name, lhs_spec, rhs_spec)
+    return program(lhs, rhs)
+
+
+@functools.lru_cache(maxsize=256)
+def _ring_program(per_device: Callable[..., jax.Array], mesh: Mesh,
+                  axis_name: str, lhs_spec: P, rhs_spec: P
+                  ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """``per_device`` under ``shard_map``, jitted once per arguments.
+
+    Jitted because eager ``shard_map`` runs its body one small operation at
+    a time, which is slow for the unrolled rings; cached so that repeated
+    eager calls reuse the compiled program.
+    """
+    kernel = functools.partial(per_device, axis_name=axis_name,
+                               ring=mesh.shape[axis_name])
+    mapped = jax.shard_map(kernel, mesh=mesh, in_specs=(lhs_spec, rhs_spec),
+                           out_specs=P(axis_name, None))
+    return jax.jit(mapped)
+
+
+def pass_along(block: jax.Array, axis_name: str, ring: int, *,
+               direction: int) -> jax.Array:
+    """Send ``block`` to the next device round the ring (``direction=+1``)
+    or to the previous one (``-1``): one collective-permute."""
+    perm = [(i, (i + direction) % ring) for i in range(ring)]
+    return lax.ppermute(block, axis_name, perm=perm)
+
+
+# ---------------------------------------------------------------------------
+# The all-gather family: lhs P(axis, None), rhs P(axis, None).
+# A per-device function sees lhs_rows (M/n, K) and rhs_block (K/n, N).
+# ---------------------------------------------------------------------------
+
+
+def allgather_per_device(lhs_rows, rhs_block, *, axis_name: str, ring: int):
+    """Gather every block of ``rhs``, then one local matmul."""
+    whole_rhs = lax.all_gather(rhs_block, axis_name, tiled=True)
+    return lhs_rows @ whole_rhs
+
+
+def allgather_overlapped_per_device(lhs_rows, rhs_block, *, axis_name: str,
+                                    ring: int):
+    """Multiply the ``rhs`` block in hand, and pass it on round the ring.
+
+    The transfer at step ``s`` needs the block of step ``s - 1``, not its
+    matmul, so the two can run together. A Python loop: one
+    collective-permute per step in the compiled program.
+    """
+    me = lax.axis_index(axis_name)
+    block_rows = rhs_block.shape[0]
+
+    def lhs_columns(block):  # the columns of lhs_rows meeting rhs block
+        start = block * block_rows
+        return lax.dynamic_slice_in_dim(lhs_rows, start, block_rows, axis=1)
+
+    out = lhs_columns(me) @ rhs_block
+    for step in range(1, ring):
+        rhs_block = pass_along(rhs_block, axis_name, ring, direction=+1)
+        out += lhs_columns((me - step) % ring) @ rhs_block
+    return out
+
+
+def allgather_bidi_per_device(lhs_rows, rhs_block, *, axis_name: str,
+                              ring: int):
+    """As ``allgather_overlapped_per_device``, with each ``rhs`` block
+    cut in two: the top half travels forward round the ring, the bottom
+    half backward."""
+    me = lax.axis_index(axis_name)
+    forward, backward = jnp.split(rhs_block, 2, axis=0)
+    half_rows = forward.shape[0]
+
+    def lhs_columns(block, half):  # the columns meeting one half of a block
+        start = (2 * block + half) * half_rows
+        return lax.dynamic_slice_in_dim(lhs_rows, start, half_rows, axis=1)
+
+    out = lhs_columns(me, 0) @ forward + lhs_columns(me, 1) @ backward
+    for step in range(1, ring):
+        forward = pass_along(forward, axis_name, ring, direction=+1)
+        backward = pass_along(backward, axis_name, ring, direction=-1)
+        out += lhs_columns((me - step) % ring, 0) @ forward
+        out += lhs_columns((me + step) % ring, 1) @ backward
+    return out
+
+
+def allgather(lhs: Any, rhs: Any, mesh: Mesh, axis_name: str) -> jax.Array:
+    """``lhs @ rhs``, gathering all of ``rhs`` onto every device first."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    return run_on_ring(allgather_per_device, lhs, rhs, mesh, axis_name,
+                       specs=allgather_specs(axis_name))
+
+
+def allgather_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
+                         axis_name: str) -> jax.Array:
+    """``lhs @ rhs``, passing ``rhs`` blocks round the ring as it goes."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    return run_on_ring(allgather_overlapped_per_device, lhs, rhs, mesh,
+                       axis_name, specs=allgather_specs(axis_name))
+
+
+def allgather_bidi(lhs: Any, rhs: Any, mesh: Mesh,
+                   axis_name: str) -> jax.Array:
+    """``lhs @ rhs``, half of every ``rhs`` block going each way round."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=2 * ring)
+    return run_on_ring(allgather_bidi_per_device, lhs, rhs, mesh, axis_name,
+                       specs=allgather_specs(axis_name))
+
+
+# ---------------------------------------------------------------------------
+# The reduce-scatter family: lhs P(None, axis), rhs P(axis, None).
+# A per-device function sees lhs_columns (M, K/n) and rhs_block (K/n, N).
+# ---------------------------------------------------------------------------
+
+
+def reduce_scatter_per_device(lhs_columns, rhs_block, *, axis_name: str,
+                              ring: int):
+    """One local matmul (this device's share of every output entry), then
+    ``psum_scatter``: sum the shares, keep one band of rows."""
+    partial_sum = lhs_columns @ rhs_block
+    return lax.psum_scatter(partial_sum, axis_name, scatter_dimension=0,
+                            tiled=True)
+
+
+def reduce_scatter_overlapped_per_device(lhs_columns, rhs_block, *,
+                                         axis_name: str, ring: int):
+    """Receive a running sum of one output row block, add this device's
+    share, pass it on. The share's matmul does not need the incoming sum,
+    so it can run during the transfer. After ``ring - 1`` steps each device
+    holds the full sum of its own row block.
+    """
+    me = lax.axis_index(axis_name)
+    block_rows = lhs_columns.shape[0] // ring  # exact: checked by caller
+
+    def my_share(block):  # this device's share of output row block `block`
+        rows = lax.dynamic_slice_in_dim(
+            lhs_columns, block * block_rows, block_rows, axis=0)
+        return rows @ rhs_block
+
+    running_sum = my_share((me + 1) % ring)
+    for step in range(1, ring):
+        running_sum = pass_along(running_sum, axis_name, ring, direction=-1)
+        running_sum += my_share((me + step + 1) % ring)
+    return running_sum
+
+
+def reduce_scatter_bidi_per_device(lhs_columns, rhs_block, *,
+                                   axis_name: str, ring: int):
+    """As ``reduce_scatter_overlapped_per_device``, with each output row
+    block cut in two: running sums of the top halves travel backward round
+    the ring, those of the bottom halves forward."""
+    me = lax.axis_index(axis_name)
+    half_rows = lhs_columns.shape[0] // (2 * ring)  # exact: checked
+
+    def my_share(block, half):  # this device's share of half a row block
+        start = (2 * block + half) * half_rows
+        rows = lax.dynamic_slice_in_dim(
+            lhs_columns, start, half_rows, axis=0)
+        return rows @ rhs_block
+
+    top = my_share((me + 1) % ring, 0)
+    bottom = my_share((me - 1) % ring, 1)
+    for step in range(1, ring):
+        top = pass_along(top, axis_name, ring, direction=-1)
+        bottom = pass_along(bottom, axis_name, ring, direction=+1)
+        top += my_share((me + step + 1) % ring, 0)
+        bottom += my_share((me - step - 1) % ring, 1)
+    return jnp.concatenate([top, bottom], axis=0)
+
+
+def reduce_scatter(lhs: Any, rhs: Any, mesh: Mesh,
+                   axis_name: str) -> jax.Array:
+    """``lhs @ rhs`` as local partial products, then one reduce-scatter."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    return run_on_ring(reduce_scatter_per_device, lhs, rhs, mesh, axis_name,
+                       specs=reduce_scatter_specs(axis_name))
+
+
+def reduce_scatter_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
+                              axis_name: str) -> jax.Array:
+    """``lhs @ rhs``, passing running sums round the ring as it goes."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    return run_on_ring(reduce_scatter_overlapped_per_device, lhs, rhs, mesh,
+                       axis_name, specs=reduce_scatter_specs(axis_name))
+
+
+def reduce_scatter_bidi(lhs: Any, rhs: Any, mesh: Mesh,
+                        axis_name: str) -> jax.Array:
+    """``lhs @ rhs``, half of every running sum going each way round."""
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=2 * ring, contraction_by=ring)
+    return run_on_ring(reduce_scatter_bidi_per_device, lhs, rhs, mesh,
+                       axis_name, specs=reduce_scatter_specs(axis_name))
+
+
+VARIANTS: dict[str, Matmul] = {
+    "allgather": allgather,
+    "allgather_overlapped": allgather_overlapped,
+    "allgather_bidi": allgather_bidi,
+    "reduce_scatter": reduce_scatter,
+    "reduce_scatter_overlapped": reduce_scatter_overlapped,
+    "reduce_scatter_bidi": reduce_scatter_bidi,
+}
+"""The six collective matmuls by name; each is ``f(lhs, rhs, mesh, axis)``."""
+
+FAMILY_SPECS: dict[str, Callable[[str], tuple[P, P]]] = {
+    name: (allgather_specs if name.startswith("allgather")
+           else reduce_scatter_specs)
+    for name in VARIANTS
+}
+"""For each variant, the function giving the (lhs, rhs) layout it needs."""
+
+
+def variant(name: str) -> Matmul:
+    """The variant called ``name``; a clear error listing the names."""
+    if name not in VARIANTS:
+        raise ValueError(f"no collective matmul {name!r}; choose one of "
+                         f"{list(VARIANTS)}.")
+    return VARIANTS[name]
+
+
+# ---------------------------------------------------------------------------
+# Compile once; ask the program for its result, collectives and time.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompiledMatmul:
+    """One variant compiled for one mesh, shape and dtype, with its inputs
+    already laid out. Calling it runs the compiled program on them: nothing
+    is placed or compiled on the way, and the collectives read from
+    ``program`` are exactly those that run."""
+
+    name: str
+    program: Any  # jax.stages.Compiled
+    lhs: jax.Array
+    rhs: jax.Array
+
+    def __call__(self) -> jax.Array:
+        return self.program(self.lhs, self.rhs)
+
+
+def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
+                    axis_name: str) -> CompiledMatmul:
+    """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
+    matmul = variant(name)
+    ring = ring_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
+    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
+    jitted = jax.jit(functools.partial(matmul, mesh=mesh, axis_name=axis_name))
+    return CompiledMatmul(name, jitted.lower(lhs, rhs).compile(), lhs, rhs)
+
+
+def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
+                     ring: int) -> int:
+    """Bytes one device must send, under the ring model, for variant
+    ``name`` on ``(m, k) @ (k, n)`` with elements of ``itemsize`` bytes.
+
+    All-gather family: each device must receive the ``ring - 1`` rhs blocks
+    it lacks, and in a ring it forwards as many as it receives:
+    ``(ring - 1) / ring`` of rhs, ``k * n`` elements. Reduce-scatter family:
+    the same fraction of the output, ``m * n`` elements.
+    """
+    variant(name)
+    elements = k * n if name.startswith("allgather") else m * n
+    return (ring - 1) * elements * itemsize // ring
+
+
+def collective_rows(ops: Sequence[Any]) -> list[dict[str, Any]]:
+    """Collectives of a program (``spmd_guide.hlo.collectives``) grouped by
+    kind and buffer: how many, bytes one device sends for each, in all."""
+    from spmd_guide.hlo import format_bytes
+
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for op in ops:
+        row = rows.setdefault((op.kind, op.shape_text), {
+            "collective": op.kind, "buffer": op.shape_text,
+            "group": op.group_size, "count": 0,
+            "sent per op": format_bytes(op.bytes_sent), "bytes sent": 0,
+        })
+        row["count"] += 1
+        row["bytes sent"] += op.bytes_sent
+    return list(rows.values())
+
+
+def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
+    """Bytes one device sends to its next neighbour (``forward``) and to
+    its previous one (``backward``) in the collective-permutes of ``ops``;
+    other collectives count as ``other``. (On a ring of 2 both neighbours
+    are the same device; everything then counts as ``forward``.)"""
+    totals = {"forward": 0, "backward": 0, "other": 0}
+    for op in ops:
+        hops = ({(target - source) % ring for source, target in op.groups}
+                if op.kind == "collective-permute" else set())
+        if hops == {1 % ring}:
+            totals["forward"] += op.bytes_sent
+        elif hops == {-1 % ring}:
+            totals["backward"] += op.bytes_sent
+        else:
+            totals["other"] += op.bytes_sent
+    return totals
+
+
+# ---------------------------------------------------------------------------
+# Ring diagrams: which block each device holds, step by step.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One step of a ring schedule.
+
+    ``blocks[d]`` lists the blocks device d multiplies (all-gather family:
+    rhs blocks) or adds its share to (reduce-scatter family: output row
+    blocks) at this step; the bidirectional rings have two entries, for the
+    two halves. ``sends`` are the (source, destination) pairs of the
+    transfers that follow the step, ``label`` names them.
+    """
+
+    title: str
+    blocks: tuple[tuple[int, ...], ...]
+    sends: tuple[tuple[int, int], ...] = ()
+    label: str = ""
+
+
+def _ring_sends(ring: int, direction: int) -> tuple[tuple[int, int], ...]:
+    return tuple((d, (d + direction) % ring) for d in range(ring))
+
+
+def ring_schedule(name: str, ring: int) -> list[RingStep]:
+    """The steps of variant ``name`` on ``ring`` devices, with the block
+    indices of its per-device code (the one-collective variants: before and
+    after their collective)."""
+    variant(name)
+    if ring < 1:
+        raise ValueError(f"a ring needs at least one device, got {ring}.")
+    devices = range(ring)
+    every_block = tuple(range(ring))
+    if name == "allgather":
+        return [RingStep("start", tuple((d,) for d in devices),
+                         label="all-gather"),
+                RingStep("after all_gather",
+                         tuple(every_block for _ in devices))]
+    if name == "reduce_scatter":
+        return [RingStep("after local matmul",
+                         tuple(every_block for _ in devices),
+                         label="reduce-scatter"),
+                RingStep("after psum_scatter", tuple((d,) for d in devices))]
+    forward, backward = _ring_sends(ring, +1), _ring_sends(ring, -1)
+    steps = []
+    for s in range(ring):
+        if name == "allgather_overlapped":
+            blocks = tuple(((d - s) % ring,) for d in devices)
+            sends = forward
+        elif name == "allgather_bidi":
+            blocks = tuple(((d - s) % ring, (d + s) % ring) for d in devices)
+            sends = forward + backward
+        elif name == "reduce_scatter_overlapped":
+            blocks = tuple(((d + s + 1) % ring,) for d in devices)
+            sends = backward
+        else:  # reduce_scatter_bidi: top halves backward, bottom forward
+            blocks = tuple(((d + s + 1) % ring, (d - s - 1) % ring)
+                           for d in devices)
+            sends = backward + forward
+        last = s == ring - 1
+        steps.append(RingStep(f"step {s}", blocks, () if last else sends,
+                              "" if last else "ppermute"))
+    return steps
+
+
+def draw_ring(name: str, ring: int, **options: Any) -> Any:
+    """Draw ``ring_schedule(name, ring)`` with
+    :func:`spmd_guide.collectives.draw_panels`; return the Figure.
+
+    One panel per step, one row per device; a cell is a block number,
+    coloured as the device the block starts on (all-gather family) or ends
+    on (reduce-scatter family). Arrows are the sends between steps.
+    """
+    from spmd_guide.collectives import Panel, draw_panels
+
+    steps = ring_schedule(name, ring)
+    gather = name.startswith("allgather")
+    if name == "reduce_scatter":
+        what = "partial sums of all row blocks, then one summed block each"
+    elif gather:
+        what = "the rhs block each device multiplies"
+    else:
+        what = "the output row block each device adds to"
+    if name.endswith("bidi"):
+        what += (" (forward half, backward half)" if gather
+                 else " (top half, bottom half)")
+    panels = [Panel(step.title, [list(b) for b in step.blocks],
+                    [list(b) for b in step.blocks]) for step in steps]
+    options.setdefault("title", f"{name}, {ring} devices: {what}")
+    options.setdefault("fmt", "R{:g}" if gather else "O{:g}")
+    return draw_panels(
+        panels, arrows=[list(step.sends) or None for step in steps[:-1]],
+        gap_labels=[step.label for step in steps[:-1]], **options)
