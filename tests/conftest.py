@@ -16,6 +16,10 @@ import textwrap
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tests compile hundreds of small programs: skip LLVM's code optimisation (about a fifth of
+# the suite's time). It changes only machine-code generation, not the HLO passes that decide
+# shardings and collectives, which is what the tests pin.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 from spmd_guide import ensure_devices  # noqa: E402
 

@@ -1,0 +1,256 @@
+"""Every parallel strategy against the one-device reference, and the compiler facts Part IV states."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from conftest import DEVICES
+
+from spmd_guide import hlo, nn
+from spmd_guide import strategies as st
+
+SIZES = [16, 64, 64, 64, 16]  # the book's sizes: first layer, a column/row pair, last layer
+BATCH = 64
+LAYERS = len(SIZES) - 1
+
+
+_STEPS: dict = {}
+
+
+def _run_step(name: str, k: int, params, batch):
+    """One SGD step (learning rate 1, so ``params - new_params`` is the gradient), compiled once."""
+    key = (name, k)
+    if key not in _STEPS:
+        strategy = st.STRATEGIES[name]
+        mesh = strategy.mesh(DEVICES[:k])
+        params, batch = strategy.shard(params, batch, mesh)
+        step = nn.make_sgd_step(strategy.loss(mesh), learning_rate=1.0)
+        _STEPS[key] = (step, params, batch, *step(params, batch))
+    return _STEPS[key]
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Params, batch, and the one-device reference: the loss and gradient of ``mlp_loss``."""
+    params = nn.init_mlp(jax.random.key(0), SIZES)
+    batch = nn.make_regression_batch(jax.random.key(1), BATCH, SIZES[0], SIZES[-1])
+    _, placed, _, new_params, loss = _run_step("single", 8, params, batch)
+    x, y = (np.asarray(a, np.float64) for a in batch)
+    for i, (w, b) in enumerate(params):  # an independent NumPy check of the reference loss
+        x = x @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
+        x = np.maximum(x, 0) if i < len(params) - 1 else x
+    assert float(loss) == pytest.approx(np.mean(np.sum((x - y) ** 2, axis=-1)), rel=1e-5)
+    grads = jax.tree.map(lambda p, q: np.asarray(p) - np.asarray(q), placed, new_params)
+    return params, batch, float(loss), grads
+
+
+def _step(name: str, k: int, model):
+    return _run_step(name, k, model[0], model[1])
+
+
+CASES = [(name, 8) for name in st.STRATEGIES if name != "single"] + [
+    # The hand-written collectives depend on the device count: 2 and 4 devices too. (The
+    # reference itself is the "single" strategy's step, checked against NumPy in `model`.)
+    ("dp", 2), ("fsdp", 4), ("tp", 4),
+]
+
+
+@pytest.mark.parametrize(("name", "k"), CASES)
+def test_loss_gradient_and_layouts_match_the_reference(name, k, model):
+    _, _, ref_loss, ref_grads = model
+    _, params, _, new_params, loss = _step(name, k, model)
+    assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
+    for old, new, ref in zip(jax.tree.leaves(params), jax.tree.leaves(new_params), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(np.asarray(old) - np.asarray(new), ref, atol=2e-5)
+        assert new.sharding.is_equivalent_to(old.sharding, old.ndim), name  # the step keeps layouts
+
+
+def test_registry_has_the_contract_names_and_kinds():
+    assert {"dp", "fsdp", "tp", "auto_dp", "auto_dp_tp"} <= set(st.STRATEGIES)
+    assert {st.STRATEGIES[n].kind for n in ("dp", "fsdp", "tp")} == {"shard_map"}
+    assert {st.STRATEGIES[n].kind for n in ("auto_dp", "auto_dp_tp", "auto_2d", "auto_fsdp")} == {"jit"}
+
+
+def test_meshes():
+    assert dict(st.STRATEGIES["auto_dp_tp"].mesh(DEVICES).shape) == {"batch": 4, "model": 2}
+    assert dict(st.STRATEGIES["auto_2d"].mesh(DEVICES[:4]).shape) == {"data": 2, "model": 2}
+    assert dict(st.STRATEGIES["tp"].mesh(DEVICES).shape) == {"model": 8}
+    assert dict(st.STRATEGIES["single"].mesh(DEVICES).shape) == {"batch": 1}
+
+
+@pytest.mark.parametrize("name", ["fsdp", "auto_fsdp", "tp"])
+@pytest.mark.parametrize("k", [4, 8])
+def test_sharded_parameters_hold_one_nth_of_the_bytes(name, k, model):
+    params = model[0]
+    strategy = st.STRATEGIES[name]
+    placed, _ = strategy.shard(params, model[1], strategy.mesh(DEVICES[:k]))
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    assert nn.param_bytes_per_device(placed) * k == total
+
+
+def test_dp_x_tp_layout_keeps_the_hidden_activation_split_over_model(model):
+    step, params, batch, *_ = _step("auto_dp_tp", 8, model)
+    assert [tuple(w.sharding.spec) for w, _ in params] == [(), (None, "model"), ("model", None), ()]
+    outputs = jax.jit(nn.layer_outputs)(params, batch[0])
+    assert [o.sharding.spec for o in outputs] == [jax.P("batch"), jax.P("batch", "model"),
+                                                  jax.P("batch"), jax.P("batch")]
+    ops = hlo.collectives(step, params, batch)
+    assert {op.kind for op in ops} == {"all-reduce"}
+    model_ops = [op for op in ops if op.group_size == 2]
+    # Activation-sized partial sums over 'model': one in the forward pass, one in the backward.
+    assert [op.shape for op in model_ops] == [(BATCH // 4, 64)] * 2
+    assert sorted("transpose(" in op.line for op in model_ops) == [False, True]
+    assert [op.group_size for op in ops if op not in model_ops] == [4]  # the gradients
+    # The model chapter's exercise: replicated outer layers plus half of the middle pair.
+    assert nn.param_bytes_per_device(params) == 4 * (16 * 64 + 64 + 64 * 16 + 16 + 2080 + 2048 + 64)
+
+
+def test_fully_2d_layout_gathers_weight_rows_and_activation_features(model):
+    step, params, batch, *_ = _step("auto_2d", 8, model)
+    outputs = jax.jit(nn.layer_outputs)(params, batch[0])
+    assert {o.sharding.spec for o in outputs} == {jax.P("data", "model")}
+    gathers = [op for op in hlo.collectives(step, params, batch) if op.kind == "all-gather"]
+    weight_blocks = {(n_in, n_out // 2) for n_in, n_out in zip(SIZES[:-1], SIZES[1:])}
+    over_data = [op.shape for op in gathers if op.group_size == 4]
+    over_model = [op.shape for op in gathers if op.group_size == 2]
+    assert over_data and set(over_data) <= weight_blocks  # full rows of a weight's column block
+    assert over_model and {shape[0] for shape in over_model} == {BATCH // 4}  # activation blocks
+    assert len(over_data) + len(over_model) == len(gathers)
+
+
+def test_data_parallel_gradients_need_one_all_reduce(model):
+    for name in ("dp", "auto_dp"):
+        step, params, batch, *_ = _step(name, 8, model)
+        ops = hlo.collectives(step, params, batch)
+        assert [op.kind for op in ops] == ["all-reduce"], name  # every gradient, combined
+        assert len(ops[0].buffers) == 2 * LAYERS + 1  # each weight and bias, and the loss
+        param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+        assert ops[0].bytes_sent == pytest.approx(2 * 7 / 8 * param_bytes, rel=0.01)
+
+
+def test_data_parallel_gradient_psums_come_from_the_broadcast_transpose(model):
+    _, params, batch, *_ = _step("dp", 8, model)
+    loss = st.STRATEGIES["dp"].loss(st.STRATEGIES["dp"].mesh(DEVICES))
+    forward = [name for _, name, _ in st.traced_collectives(loss, params, batch)]
+    gradient = [name for _, name, _ in st.traced_collectives(jax.grad(loss), params, batch)]
+    assert forward == ["psum_invariant"]  # the loss's pmean
+    assert gradient == ["psum_invariant"] * (1 + 2 * LAYERS)  # and one per parameter array
+
+
+def test_fsdp_gathers_weights_and_reduce_scatters_gradients(model):
+    step, params, batch, *_ = _step("fsdp", 8, model)
+    counts = hlo.collective_counts(step, params, batch)
+    assert counts["all-gather"] == 2 * LAYERS and counts["reduce-scatter"] == 2 * LAYERS
+    auto_step, auto_params, auto_batch, *_ = _step("auto_fsdp", 8, model)
+    auto = hlo.collective_counts(auto_step, auto_params, auto_batch)
+    # jit + constraint: the same weight gathers, but the gradients are all-reduced whole.
+    assert auto["all-gather"] == 2 * LAYERS and auto["reduce-scatter"] == 0 and auto["all-reduce"] == 1
+    param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(model[0]))
+    auto_bytes = hlo.communication_bytes(auto_step, auto_params, auto_batch)
+    assert auto_bytes == pytest.approx(3 * 7 / 8 * param_bytes, rel=0.01)  # auto chapter, ex. 3
+    # Hand-written FSDP sends what data parallelism sends: all-gather + reduce-scatter.
+    dp_step, dp_params, dp_batch, *_ = _step("dp", 8, model)
+    assert hlo.communication_bytes(step, params, batch) == hlo.communication_bytes(dp_step, dp_params, dp_batch)
+
+
+def test_exercise_psum_instead_of_pmean_multiplies_the_loss_by_the_device_count(model):
+    """The manual chapter's exercise 1: the local losses must be averaged, not added."""
+    _, params, batch, *_ = _step("dp", 8, model)
+    mesh = st.STRATEGIES["dp"].mesh(DEVICES)
+    summed = jax.jit(jax.shard_map(lambda p, b: jax.lax.psum(nn.mlp_loss(p, b), "batch"), mesh=mesh,
+                                   in_specs=(jax.P(), jax.P("batch")), out_specs=jax.P()))
+    assert float(summed(params, batch)) == pytest.approx(8 * model[2], rel=1e-5)
+
+
+def test_save_anything_except_these_names_is_a_placeholder_that_saves_everything():
+    """Why the manual chapter uses dots_saveable: this policy ignores the names it is given."""
+    policy = jax.checkpoint_policies.save_anything_except_these_names("gathered")
+    assert policy(None, name="gathered") is True and policy(None) is True
+
+
+def test_fsdp_remat_regathers_weights_in_the_traced_backward_pass(model):
+    params, batch, _, _ = model
+    counts = {}
+    for remat in (True, False):
+        strategy = st.FSDP(remat=remat)
+        mesh = strategy.mesh(DEVICES)
+        placed, placed_batch = strategy.shard(params, batch, mesh)
+        loss = strategy.loss(mesh)
+        forward = st.primitive_counts(loss, placed, placed_batch)["all_gather"]
+        gradient = st.primitive_counts(jax.grad(loss), placed, placed_batch)["all_gather"]
+        counts[remat] = (forward, gradient)
+    assert counts[False] == (2 * LAYERS, 2 * LAYERS)  # gathered weights saved for backward
+    # With remat the backward pass gathers again every weight it needs: all but the first
+    # layer's (no input gradient there); the biases are not needed at all.
+    assert counts[True] == (2 * LAYERS, 2 * LAYERS + LAYERS - 1)
+
+
+def test_compiled_fsdp_on_this_backend_merges_the_regathers(model):
+    """What the manual chapter reports for CPU: XLA keeps one all-gather per array."""
+    step, params, batch, *_ = _step("fsdp", 8, model)
+    assert hlo.collective_counts(step, params, batch)["all-gather"] == 2 * LAYERS
+    lowered = step.lower(params, batch).as_text()
+    assert lowered.count("stablehlo.all_gather") == 3 * LAYERS - 1  # before optimization
+
+
+def test_tensor_parallel_reduce_scatters_each_layer_and_psums_the_loss(model):
+    step, params, batch, *_ = _step("tp", 8, model)
+    counts = hlo.collective_counts(step, params, batch)
+    assert counts["reduce-scatter"] == LAYERS  # forward: one per layer
+    assert counts["all-gather"] == LAYERS  # backward: the transpose of each but the first
+    assert counts["all-reduce"] == 1  # the loss: a sum over the feature shards
+
+
+@pytest.mark.parametrize(
+    ("name", "k", "batch_size", "sizes", "needle"),
+    [
+        ("dp", 8, 30, SIZES, "batch size 30"),
+        ("auto_dp", 8, 12, SIZES, "not divisible by 8"),
+        ("fsdp", 8, 32, [16, 30, 16], "layer width 30"),
+        ("tp", 8, 32, [12, 32, 16], "input width 12"),
+        ("auto_dp_tp", 8, 32, [16, 32, 33, 32, 16], "layer width 33"),
+        ("auto_2d", 8, 32, [16, 32, 16, 5], "output width 5"),
+        ("auto_2d", 8, 30, [16, 32, 16], "batch size 30"),
+    ],
+)
+def test_uneven_splits_raise_a_clear_error(name, k, batch_size, sizes, needle):
+    rng = np.random.default_rng(0)
+    params = [(rng.normal(size=(a, b)).astype(np.float32), np.zeros(b, np.float32))
+              for a, b in zip(sizes[:-1], sizes[1:])]
+    batch = (np.zeros((batch_size, sizes[0]), np.float32), np.zeros((batch_size, sizes[-1]), np.float32))
+    strategy = st.STRATEGIES[name]
+    mesh = strategy.mesh(DEVICES[:k])
+    with pytest.raises(ValueError, match=needle):
+        strategy.shard(params, batch, mesh)
+    with pytest.raises(ValueError, match=needle):
+        strategy.loss(mesh)(params, batch)
+
+
+def test_wrong_mesh_device_count_and_name_raise(model):
+    with pytest.raises(ValueError, match="axes"):
+        st.STRATEGIES["tp"].loss(st.STRATEGIES["dp"].mesh(DEVICES))
+    with pytest.raises(ValueError, match="3 devices"):
+        st.STRATEGIES["auto_dp_tp"].mesh(DEVICES[:3])
+    with pytest.raises(ValueError, match="unknown strategy"):
+        st.compare(["dp", "nope"], model[0], model[1])
+    params, batch, _, _ = model
+    with pytest.raises(ValueError, match="same B"):
+        st.STRATEGIES["dp"].shard(params, (batch[0], batch[1][:8]), st.STRATEGIES["dp"].mesh(DEVICES))
+
+
+def test_profile_and_comparison(model):
+    params, batch, _, _ = model
+    profiles = st.compare(["single", "fsdp"], params, batch, runs=2, learning_rate=1.0)
+    single, fsdp = profiles
+    assert single.n_collectives == 0 and single.comm_bytes == 0
+    assert fsdp.param_bytes * 8 == single.param_bytes
+    assert fsdp.peak_bytes < single.peak_bytes
+    assert fsdp.counts == hlo.collective_counts(*_step("fsdp", 8, model)[:3])
+    table = st.comparison_table(profiles, tablefmt="simple")
+    assert "fsdp" in table and "reduce-scatter" in table
+    figure = st.plot_comparison(profiles)
+    assert len(figure.axes) == 6
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
