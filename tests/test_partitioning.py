@@ -24,7 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide import hlo
 from spmd_guide import partitioning as pt
-from spmd_guide.timing import Timing
+from spmd_guide.display import error_of
+from spmd_guide.timing import Timing, speedup
 
 F32 = 4
 # (mesh shape over axes a/x and b/y) for 8, 4 and 2 devices
@@ -252,8 +253,6 @@ def test_partitioning_table_rows():
     assert table.rows[1]["bytes sent"] == "1.5 KiB"
     assert table.rows[0]["inputs"] == "P('a')\nP(None, 'b')"
     assert "<br>" in table._repr_html_() and "sharded contraction" in str(table)
-    with pytest.raises(ValueError, match="at least one row"):
-        pt.Table([])
 
 
 def test_partitioning_refuses_several_outputs():
@@ -317,7 +316,7 @@ def test_arguments_on_different_devices_are_an_error(devices, k):
     other = pt.auto_mesh((k,), ("x",), devices=devices[k:2 * k])
     u = pt.place(jnp.arange(8.0), first, P("x"))
     v = pt.place(jnp.arange(8.0), other, P("x"))
-    message = pt.error_of(jax.jit(lambda a, b: a + b), u, v)
+    message = error_of(jax.jit(lambda a, b: a + b), u, v)
     assert message.startswith("ValueError: Received incompatible devices")
 
 
@@ -327,7 +326,7 @@ def test_same_devices_in_another_order_are_an_error(devices, k):
     backwards = pt.auto_mesh((k,), ("x",), devices=devices[k - 1::-1])
     u = pt.place(jnp.arange(8.0), first, P("x"))
     w = pt.place(jnp.arange(8.0), backwards, P("x"))
-    assert pt.error_of(jax.jit(lambda a, b: a + b), u, w).startswith(
+    assert error_of(jax.jit(lambda a, b: a + b), u, w).startswith(
         "ValueError: Received incompatible devices")
 
 
@@ -343,19 +342,7 @@ def test_committed_and_uncommitted(devices):
     np.testing.assert_array_equal(np.asarray(y + like), np.arange(8.0) + 1)
     pinned = jax.device_put(jnp.ones(8), devices[5])
     assert pinned.committed
-    assert pt.error_of(jnp.add, y, pinned).startswith("ValueError: Received incompatible devices")
-
-
-def test_error_of_wraps_and_insists_on_an_error():
-    def fails():
-        raise KeyError("x" * 10 + " word" * 40)
-
-    text = pt.error_of(fails)
-    assert text.startswith("KeyError: ")
-    assert all(len(line) <= 76 for line in text.splitlines())
-    with pytest.raises(AssertionError, match="expected to raise"):
-        pt.error_of(lambda: 1)
-    assert pt.wrap("a" * 100) == "a" * 100  # long words are not broken
+    assert error_of(jnp.add, y, pinned).startswith("ValueError: Received incompatible devices")
 
 
 # --------------------------------------------------------------------------- timing
@@ -369,32 +356,9 @@ def test_single_vs_sharded_reports_both_device_counts():
     assert (single.device_count, sharded.device_count) == (1, 8)
     assert single.label == "sin, 1 device" and sharded.label == "sin, 8 devices"
     assert len(single.times) == 2
-    assert pt.speedup(single, sharded) == pytest.approx(single.median / sharded.median)
+    assert speedup(single, sharded) == pytest.approx(single.median / sharded.median)
     with pytest.raises(ValueError, match="one PartitionSpec per array"):
         pt.single_vs_sharded(pt.matmul, [jnp.ones((8, 8))], mesh, [P("x"), P()])
-
-
-@pytest.mark.parametrize("ratio, words", [
-    (3.0, "ran 3.0 times faster sharded"),
-    (1.25, "ran 1.2 times faster sharded"),
-    (1.0, "about the same speed"),
-    (0.9, "about the same speed"),
-    (0.5, "ran 2.0 times slower sharded"),
-])
-def test_reading_claims_no_more_than_the_ratio(ratio, words):
-    assert words in pt.reading(ratio)
-    assert ("faster" in pt.reading(ratio)) == (ratio >= 1.2)
-    caveat = pt.beyond_cores([ratio, 1.0], cores=2)
-    if ratio > 2:
-        assert caveat.startswith("A ratio above 2,")
-    else:
-        assert caveat == ""
-    assert pt.beyond_cores([ratio], cores=None) == ""
-
-
-def test_reading_refuses_nonsense():
-    with pytest.raises(ValueError, match="positive"):
-        pt.reading(0.0)
 
 
 # --------------------------------------------------------------------------- under the hood
@@ -532,7 +496,7 @@ def test_matmul_type_error_and_its_fixes(k):
         a = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
         b = jax.device_put(np.arange(32.0).reshape(4, 8), jax.P("x", None))
         if k > 2:
-            message = pt.error_of(jnp.matmul, a, b)
+            message = error_of(jnp.matmul, a, b)
             assert message.startswith("ShardingTypeError: dot_general requires contracting")
             with pytest.raises(Exception) as info:
                 a @ b
@@ -564,9 +528,9 @@ def test_both_contracting_dims_on_one_axis_is_ambiguous():
         b = jax.device_put(np.arange(32.0).reshape(4, 8), jax.P("x", None))
         b_by_y = jax.reshard(b, jax.P("y", None))
         assert str(jax.typeof(b_by_y)) == "float32[4@y,8]"
-        assert "ambiguous" in pt.error_of(jnp.matmul, a, b_by_y)
+        assert "ambiguous" in error_of(jnp.matmul, a, b_by_y)
         # exercise 2
-        assert pt.error_of(lambda t: t.T @ t, a).startswith("ShardingTypeError")
+        assert error_of(lambda t: t.T @ t, a).startswith("ShardingTypeError")
         gram = jax.jit(lambda t: jnp.matmul(t.T, t, out_sharding=jax.P("y", None)))
         assert str(jax.typeof(gram(a))) == "float32[4@y,4]"
         np.testing.assert_allclose(np.asarray(gram(a)), np.asarray(a).T @ np.asarray(a))

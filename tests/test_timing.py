@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spmd_guide.timing import time_fn, timing_table
+from spmd_guide.timing import beyond_cores, reading, time_fn, timing_table
 
 
 def test_counts_runs_and_names_the_hardware():
@@ -56,3 +56,26 @@ def test_reports_the_devices_of_a_sharded_result(devices):
 def test_rejects_settings_that_would_mislead(kwargs):
     with pytest.raises(ValueError):
         time_fn(lambda x: x, jnp.ones(1), **kwargs)
+
+
+@pytest.mark.parametrize("ratio, words", [
+    (3.0, "ran 3.0 times faster sharded"),
+    (1.25, "ran 1.2 times faster sharded"),
+    (1.0, "about the same speed"),
+    (0.9, "about the same speed"),
+    (0.5, "ran 2.0 times slower sharded"),
+])
+def test_reading_claims_no_more_than_the_ratio(ratio, words):
+    assert words in reading(ratio)
+    assert ("faster" in reading(ratio)) == (ratio >= 1.2)
+    caveat = beyond_cores([ratio, 1.0], cores=2)
+    if ratio > 2:
+        assert caveat.startswith("A ratio above 2,")
+    else:
+        assert caveat == ""
+    assert beyond_cores([ratio], cores=None) == ""
+
+
+def test_reading_refuses_nonsense():
+    with pytest.raises(ValueError, match="positive"):
+        reading(0.0)

@@ -36,6 +36,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide.collectives import axis_size
+
 Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
 
 # ---------------------------------------------------------------------------
@@ -44,18 +46,8 @@ Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
 
 
 def ring_size(mesh: Mesh, axis_name: str) -> int:
-    """The number of devices along ``axis_name``; a clear error if none."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            "mesh must be a jax.sharding.Mesh (e.g. jax.make_mesh((8,), "
-            f"('x',))), got {type(mesh).__name__}."
-        )
-    if axis_name not in mesh.axis_names:
-        raise ValueError(
-            f"The mesh has no axis named {axis_name!r}; its axes are "
-            f"{mesh.axis_names}. Pass one of those names as axis_name."
-        )
-    return mesh.shape[axis_name]
+    """The number of devices round the ring along ``axis_name``; a clear error if none."""
+    return axis_size(mesh, axis_name)
 
 
 def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,

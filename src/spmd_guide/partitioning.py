@@ -10,10 +10,8 @@ of those side by side.
 
 from __future__ import annotations
 
-import html
 import math
 import re
-import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from spmd_guide import hlo
+from spmd_guide.display import Table
 from spmd_guide.timing import Timing, time_fn
 
 # --------------------------------------------------------------------------- meshes and arrays
@@ -213,37 +212,6 @@ def partitioning(fn: Callable[..., Any], *args: Any, what: str | None = None) ->
     )
 
 
-_MONO = "font-family:ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace;"
-
-
-class Table:
-    """Rows of a table that display as HTML in a notebook and as plain text with ``str()``."""
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]]):
-        if not rows:
-            raise ValueError("a table needs at least one row.")
-        self.rows = [dict(r) for r in rows]
-        self.headers = list(self.rows[0])
-
-    def __str__(self) -> str:
-        from tabulate import tabulate
-
-        return tabulate([[r[h] for h in self.headers] for r in self.rows], headers=self.headers)
-
-    def _repr_html_(self) -> str:
-        def cell(value: Any) -> str:
-            lines = str(value).splitlines() or [""]
-            keep = "white-space:nowrap;" if max(map(len, lines)) <= 20 else ""
-            return (f'<td style="text-align:left;vertical-align:top;padding:2px 10px;'
-                    f'{keep}{_MONO}">{"<br>".join(map(html.escape, lines))}</td>')
-
-        head = "".join(f'<th style="text-align:left;padding:2px 10px">{html.escape(h)}</th>'
-                       for h in self.headers)
-        body = "".join("<tr>" + "".join(cell(r[h]) for h in self.headers) + "</tr>"
-                       for r in self.rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def partitioning_table(results: Sequence[Partitioning]) -> Table:
     """Several :class:`Partitioning` results side by side, one row each."""
     return Table([r.row() for r in results])
@@ -307,59 +275,6 @@ def single_vs_sharded(fn: Callable[..., Any], arrays: Sequence[Any], mesh: Mesh,
     single = time_fn(jitted, *on_one, runs=runs, label=f"{name}, 1 device")
     spread = time_fn(jitted, *sharded, runs=runs, label=f"{name}, {mesh.size} devices")
     return single, spread
-
-
-def speedup(single: Timing, sharded: Timing) -> float:
-    """How many times faster the sharded run was (median over median); below 1 is slower."""
-    return single.median / sharded.median
-
-
-def reading(ratio: float) -> str:
-    """Words for a measured speedup ratio that claim no more than the ratio shows."""
-    if ratio <= 0:
-        raise ValueError(f"a speedup ratio must be positive, got {ratio}.")
-    if ratio >= 1.2:
-        return f"ran {ratio:.1f} times faster sharded"
-    if ratio > 1 / 1.2:
-        return "ran at about the same speed sharded as on one device"
-    return f"ran {1 / ratio:.1f} times slower sharded"
-
-
-def beyond_cores(ratios: Sequence[float], *, cores: int | None) -> str:
-    """A warning sentence if any ratio exceeds what ``cores`` shared cores can explain.
-
-    ``cores`` is the host's core count when the devices are CPU mock devices (they share
-    those cores), ``None`` on real accelerators; the answer is ``""`` when nothing to say.
-    """
-    if cores is None or max(ratios) <= cores:
-        return ""
-    return (f"A ratio above {cores}, the number of cores the mock devices share, cannot "
-            "come from computing in parallel alone: how the pieces fit in the caches and "
-            "what else the host ran while timing are part of it.")
-
-
-# --------------------------------------------------------------------------- errors
-
-
-def wrap(text: str, *, width: int = 76) -> str:
-    """Fill each line of ``text`` to ``width`` columns (long words such as specs kept whole)."""
-    return "\n".join(
-        textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
-        for line in text.splitlines()
-    )
-
-
-def error_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
-    """``"TypeName: message"`` of the exception ``fn(*args, **kwargs)`` raises.
-
-    For showing an error the book means to provoke; if ``fn`` does not raise, that is a bug
-    in the example, so this raises ``AssertionError`` rather than return something quietly.
-    """
-    try:
-        fn(*args, **kwargs)
-    except Exception as error:  # noqa: BLE001 - the point is to show any error type
-        return wrap(f"{type(error).__name__}: {error}")
-    raise AssertionError(f"{getattr(fn, '__name__', 'fn')} was expected to raise, but it returned.")
 
 
 # --------------------------------------------------------------------------- explicit mode

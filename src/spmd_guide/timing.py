@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,3 +108,32 @@ def timing_table(timings: list[Timing]) -> str:
 
     rows = [t.row() for t in timings]
     return tabulate(rows, headers="keys", tablefmt="html")
+
+
+def speedup(single: Timing, sharded: Timing) -> float:
+    """How many times faster the sharded run was (median over median); below 1 is slower."""
+    return single.median / sharded.median
+
+
+def reading(ratio: float) -> str:
+    """Words for a measured speedup ratio that claim no more than the ratio shows."""
+    if ratio <= 0:
+        raise ValueError(f"a speedup ratio must be positive, got {ratio}.")
+    if ratio >= 1.2:
+        return f"ran {ratio:.1f} times faster sharded"
+    if ratio > 1 / 1.2:
+        return "ran at about the same speed sharded as on one device"
+    return f"ran {1 / ratio:.1f} times slower sharded"
+
+
+def beyond_cores(ratios: Sequence[float], *, cores: int | None) -> str:
+    """A warning sentence if any ratio exceeds what ``cores`` shared cores can explain.
+
+    ``cores`` is the host's core count when the devices are CPU mock devices (they share
+    those cores), ``None`` on real accelerators; the answer is ``""`` when nothing to say.
+    """
+    if cores is None or max(ratios) <= cores:
+        return ""
+    return (f"A ratio above {cores}, the number of cores the mock devices share, cannot "
+            "come from computing in parallel alone: how the pieces fit in the caches and "
+            "what else the host ran while timing are part of it.")
