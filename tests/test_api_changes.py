@@ -55,3 +55,15 @@ def test_html_table_has_a_row_and_an_example_per_change():
     html = table_html()
     assert html.count("<tr>") == 1 + 2 * len(CHANGES)
     assert "jax.sharding.PositionalSharding" in html and "removed" in html
+
+
+def test_an_entry_with_an_unknown_probe_kind_is_refused(tmp_path):
+    from spmd_guide.api_changes import load
+
+    table = tmp_path / "changes.toml"
+    table.write_text(
+        '[[change]]\nold = "a"\nnew = "b"\nchanged_in = "0.1"\nexample = "a -> b"\n'
+        'part = "I"\nprobe = "guess:jax.a"\n'
+    )
+    with pytest.raises(ValueError, match="unknown probe kinds.*guess"):
+        load(table)
