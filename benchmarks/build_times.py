@@ -71,7 +71,8 @@ def main() -> None:
     if args.chapters:
         return
 
-    build_s, build_rc = timed(["jupyter-book", "build", "book/", "-W", "-n", "--keep-going", "--all"])
+    jupyter_book = str(Path(sys.executable).with_name("jupyter-book"))  # same environment as this Python
+    build_s, build_rc = timed([jupyter_book, "build", "book/", "-W", "-n", "--keep-going", "--all"])
     test_s, test_rc = timed([sys.executable, "-m", "pytest", "-q"])
     print(tabulate(
         [["full forced strict build", f"{build_s:.1f}", build_rc],
