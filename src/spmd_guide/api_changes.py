@@ -21,12 +21,14 @@ from pathlib import Path
 import jax
 
 def resolve(dotted: str) -> str:
-    """``"removed"``, ``"deprecated"`` or ``"present"`` for a dotted name such as ``jax.tree_map``.
+    """``"removed"``, ``"deprecated"`` or ``"present"`` for a dotted name.
 
-    The name is imported module by module and then looked up attribute by attribute. JAX
-    keeps a module-level ``_deprecations`` table of names that warn (or, with no object left,
-    raise); it is read directly because JAX caches its warning and gives it only once per
-    process. A ``DeprecationWarning`` on import (a deprecated module) counts too.
+    The name (e.g. ``jax.tree_map``) is imported module by module, then looked
+    up attribute by attribute. JAX keeps a module-level ``_deprecations``
+    table of names that warn (or, with no object left, raise); it is read
+    directly, because JAX caches its warning and gives it only once per
+    process. A ``DeprecationWarning`` on import (a deprecated module) counts
+    too.
     """
     parts = dotted.split(".")
     with warnings.catch_warnings(record=True) as caught:
@@ -150,8 +152,8 @@ def table_html() -> str:
     from html import escape
 
     head = (
-        "<tr><th style='width:36%'>old</th><th style='width:36%'>now</th>"
-        f"<th style='width:14%'>changed in</th><th style='width:14%'>in JAX {escape(jax.__version__)}</th></tr>"
+        "<tr><th style='width:30%'>old</th><th style='width:30%'>now</th>"
+        f"<th style='width:18%'>changed in</th><th style='width:22%'>in JAX {escape(jax.__version__)}</th></tr>"
     )
     body = []
     for c in CHANGES:
@@ -167,6 +169,6 @@ def table_html() -> str:
             f"<code style='white-space:pre-wrap;word-break:break-word'>{escape(c.example)}</code></td></tr>"
         )
     return (
-        "<table style='display:table;table-layout:fixed;width:100%'>"
+        "<table style='display:table;table-layout:fixed;width:100%;overflow-wrap:anywhere'>"
         f"<thead>{head}</thead><tbody>{''.join(body)}</tbody></table>"
     )

@@ -1,8 +1,9 @@
-"""Get the devices a chapter needs: real accelerators where present, else CPU mock devices.
+"""Get the devices a chapter needs: accelerators where present, else CPU mock devices.
 
-JAX fixes the number of CPU devices when its backends start (the first operation, or the
-first ``jax.devices()`` call). So ``ensure_devices`` must run before anything else touches
-JAX; afterwards it can only check, and it says how to fix a mismatch.
+JAX fixes the number of CPU devices when its backends start (the first
+operation, or the first ``jax.devices()`` call). So ``ensure_devices`` must run
+before anything else touches JAX; afterwards it can only check, and it says how
+to fix a mismatch.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 
 import jax
 
-_ACCELERATORS = ("gpu", "tpu", "cuda", "rocm")
-
 
 def _request_cpu_devices(n: int) -> bool:
-    """Ask JAX for ``n`` CPU devices; False if the backends already started with another count."""
+    """Ask JAX for ``n`` CPU devices.
+
+    False if the backends already started with another count.
+    """
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
@@ -26,48 +28,50 @@ def _request_cpu_devices(n: int) -> bool:
 
 
 def ensure_devices(n: int = 8) -> list[jax.Device]:
-    """Return ``n`` devices: the accelerators if this host has them, else ``n`` CPU mock devices.
+    """Return ``n`` devices: accelerators if present, else CPU mock devices.
 
-    Call it first, before any other JAX operation. On a GPU or TPU host it returns the first
-    ``n`` accelerators; on a CPU-only host it makes JAX create ``n`` CPU devices that share the
-    host's cores (good for learning and testing layouts, not for measuring speedups).
+    Call it first, before any other JAX operation. On a GPU or TPU host it
+    returns the first ``n`` accelerators; on a CPU-only host it makes JAX
+    create ``n`` CPU devices that share the host's cores (good for learning
+    and testing layouts, not for measuring speedups).
 
-    Raises ``ValueError`` for a non-positive ``n`` and ``RuntimeError`` when the devices cannot
-    be had: fewer accelerators than ``n``, or JAX already started with a different number of
-    CPU devices.
+    Raises ``ValueError`` for a non-positive ``n`` and ``RuntimeError`` when
+    the devices cannot be had: fewer accelerators than ``n``, or JAX already
+    started with a different number of CPU devices.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"ensure_devices(n) needs a positive integer, got {n!r}.")
+        raise ValueError(
+            f"ensure_devices(n) needs a positive integer, got {n!r}.")
     requested = _request_cpu_devices(n)
     devices = jax.devices()
     platform = devices[0].platform
-    if platform in _ACCELERATORS or platform not in ("cpu",):
+    if platform != "cpu":  # GPU, TPU or another accelerator plugin
         if len(devices) < n:
             raise RuntimeError(
-                f"This host has {len(devices)} {platform.upper()} device(s), but this code needs "
-                f"{n}. To use {n} CPU mock devices instead, restart Python with the environment "
-                f"variable JAX_PLATFORMS=cpu set (e.g. `JAX_PLATFORMS=cpu jupyter lab`)."
+                f"This host has {len(devices)} {platform.upper()} device(s),"
+                f" but this code needs {n}. To use {n} CPU mock devices"
+                " instead, restart Python with the environment variable"
+                " JAX_PLATFORMS=cpu set (`JAX_PLATFORMS=cpu jupyter lab`)."
             )
         return devices[:n]
     if len(devices) != n:
-        how = (
-            "JAX's backends had already started"
-            if not requested
-            else "the XLA_FLAGS setting --xla_force_host_platform_device_count overrides it"
-        )
+        why = ("JAX's backends had already started" if not requested else
+               "the XLA_FLAGS setting --xla_force_host_platform_device_count"
+               " overrides it")
         raise RuntimeError(
-            f"JAX is running with {len(devices)} CPU device(s), but this code needs {n}: {how}. "
-            f"The CPU device count is fixed when JAX starts, so call "
-            f"spmd_guide.ensure_devices({n}) before any other JAX operation -- in a notebook, "
-            f"restart the kernel and run it in the first cell -- or start Python with "
-            f"XLA_FLAGS=--xla_force_host_platform_device_count={n}."
+            f"JAX is running with {len(devices)} CPU device(s), but this code"
+            f" needs {n}: {why}. The CPU device count is fixed when JAX"
+            f" starts, so call spmd_guide.ensure_devices({n}) before any"
+            " other JAX operation -- in a notebook, restart the kernel and"
+            " run it in the first cell -- or start Python with"
+            f" XLA_FLAGS=--xla_force_host_platform_device_count={n}."
         )
     return devices
 
 
 @dataclass(frozen=True)
 class Environment:
-    """What the code is running on: enough to read any timing or memory figure honestly."""
+    """What the code runs on: enough to read any timing or memory figure."""
 
     jax_version: str
     jaxlib_version: str
@@ -83,7 +87,8 @@ class Environment:
         """(label, value) pairs for a two-column table."""
         devices = f"{self.device_count} x {self.device_kind}"
         if self.mock_devices:
-            devices += f" (CPU mock devices sharing {self.host_cores} host cores)"
+            devices += (f" (CPU mock devices sharing {self.host_cores}"
+                        " host cores)")
         return [
             ("JAX", self.jax_version),
             ("jaxlib", self.jaxlib_version),
@@ -98,7 +103,7 @@ class Environment:
 
 
 def environment_summary() -> Environment:
-    """One call that says which JAX, which backend and which devices this run uses."""
+    """One call that says which JAX, backend and devices this run uses."""
     import jaxlib
 
     devices = jax.devices()

@@ -50,35 +50,46 @@ def _check_layer_sizes(layer_sizes: Sequence[int]) -> list[int]:
 def init_mlp(
     key: jax.Array, layer_sizes: Sequence[int], *, dtype: Any = jnp.float32
 ) -> Params:
-    """Random MLP parameters: ``W_i: [n_i, n_{i+1}]`` drawn from N(0, 2/n_i), ``b_i: [n_{i+1}]`` zeros.
+    """Random MLP parameters: ``W_i: [n_i, n_{i+1}]`` drawn from N(0, 2/n_i),
+    ``b_i: [n_{i+1}]`` zeros.
 
-    The 2/n_i variance ("He" scaling) keeps the size of ReLU activations roughly constant from
-    layer to layer, so a deep stack neither explodes nor dies at initialization. ``key`` is a
-    typed key from ``jax.random.key``.
+    The 2/n_i variance ("He" scaling) keeps the size of ReLU activations
+    roughly constant from layer to layer, so a deep stack neither explodes
+    nor dies at initialization. ``key`` is a typed key from
+    ``jax.random.key``.
     """
     sizes = tuple(_check_layer_sizes(layer_sizes))
     return _init_layers(key, sizes, jnp.dtype(dtype))
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _init_layers(key: jax.Array, sizes: tuple[int, ...], dtype: Any) -> Params:
-    """One standard-normal draw for all the weights, cut into layers and scaled by sqrt(2 / n_i).
+def _init_layers(
+    key: jax.Array, sizes: tuple[int, ...], dtype: Any
+) -> Params:
+    """One standard-normal draw for all the weights, cut into layers and
+    scaled by sqrt(2 / n_i).
 
-    A single jitted draw compiles once per list of sizes; a draw per layer would compile a
-    random-number program per layer shape.
+    A single jitted draw compiles once per list of sizes; a draw per layer
+    would compile a random-number program per layer shape.
     """
     shapes = list(zip(sizes[:-1], sizes[1:]))
-    normal = jax.random.normal(key, (sum(n_in * n_out for n_in, n_out in shapes),), dtype)
+    n_weights = sum(n_in * n_out for n_in, n_out in shapes)
+    normal = jax.random.normal(key, (n_weights,), dtype)
     params, start = [], 0
     for fan_in, fan_out in shapes:
-        block = normal[start : start + fan_in * fan_out].reshape(fan_in, fan_out)
-        params.append((math.sqrt(2.0 / fan_in) * block, jnp.zeros((fan_out,), dtype)))
-        start += fan_in * fan_out
+        size = fan_in * fan_out
+        block = normal[start : start + size].reshape(fan_in, fan_out)
+        weights = math.sqrt(2.0 / fan_in) * block
+        params.append((weights, jnp.zeros((fan_out,), dtype)))
+        start += size
     return params
 
 
 def predict(params: Params, x: jax.Array) -> jax.Array:
-    """The MLP's output ``[B, d_out]`` for inputs ``x: [B, d_in]``: ReLU between layers, none after the last."""
+    """The MLP's output ``[B, d_out]`` for inputs ``x: [B, d_in]``.
+
+    ReLU between layers, none after the last.
+    """
     *hidden, (w_last, b_last) = params
     for weights, bias in hidden:
         x = jax.nn.relu(x @ weights + bias)
@@ -99,26 +110,35 @@ def layer_outputs(params: Params, x: jax.Array) -> list[jax.Array]:
 
 
 def mlp_loss(params: Params, batch: Batch) -> jax.Array:
-    """Squared error: mean over the batch of the error summed over features; ``batch = (x: [B, d_in], y: [B, d_out])``."""
+    """Squared error: mean over the batch of the error summed over features.
+
+    ``batch = (x: [B, d_in], y: [B, d_out])``.
+    """
     x, y = batch
     error = predict(params, x) - y  # [B, d_out]
     return jnp.mean(jnp.sum(error**2, axis=-1))
 
 
 def cross_entropy_loss(params: Params, batch: Batch) -> jax.Array:
-    """Classification loss: mean over the batch of ``-log softmax(logits)[label]``.
+    """Classification loss: mean over the batch of
+    ``-log softmax(logits)[label]``.
 
-    ``batch = (x: [B, d_in], labels: [B])`` with integer labels in ``[0, d_out)``; the MLP's
-    outputs ``[B, d_out]`` are the logits. ``logsumexp`` keeps it stable for large logits.
+    ``batch = (x: [B, d_in], labels: [B])`` with integer labels in
+    ``[0, d_out)``; the MLP's outputs ``[B, d_out]`` are the logits.
+    ``logsumexp`` keeps it stable for large logits.
     """
     x, labels = batch
     logits = predict(params, x)  # [B, d_out]
-    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]  # [B]
+    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)  # [B, 1]
+    picked = picked[:, 0]  # [B]
     return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
 
-def sgd_update(params: Params, grads: Params, *, learning_rate: float) -> Params:
-    """One plain gradient-descent update, ``p - learning_rate * g`` for every array."""
+def sgd_update(
+    params: Params, grads: Params, *, learning_rate: float
+) -> Params:
+    """One plain gradient-descent update: ``p - learning_rate * g`` for
+    every array."""
     return jax.tree.map(lambda p, g: p - learning_rate * g, params, grads)
 
 
@@ -126,17 +146,22 @@ def sgd_update(params: Params, grads: Params, *, learning_rate: float) -> Params
 def make_sgd_step(
     loss_fn: LossFn, *, learning_rate: float
 ) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
-    """A jitted ``step(params, batch) -> (new_params, loss)`` doing one SGD step on ``loss_fn``.
+    """A jitted ``step(params, batch) -> (new_params, loss)`` doing one SGD
+    step on ``loss_fn``.
 
-    ``loss_fn`` is :func:`mlp_loss` or a strategy's ``loss(mesh)``. The step is one compiled
-    program (forward, backward and update), so its collectives and memory are those of one
-    training step. It adds no sharding constraint: the new parameters get their layout from
-    the compiler's propagation, which for every strategy of this book is the layout the
-    parameters came in with.
-    Cached, so the same loss and rate give the same jitted step (and one compilation).
+    ``loss_fn`` is :func:`mlp_loss` or a strategy's ``loss(mesh)``. The step
+    is one compiled program (forward, backward and update), so its
+    collectives and memory are those of one training step. It adds no
+    sharding constraint: the new parameters get their layout from the
+    compiler's propagation, which for every strategy of this book is the
+    layout the parameters came in with.
+    Cached, so the same loss and rate give the same jitted step (and one
+    compilation).
     """
     if not learning_rate > 0:
-        raise ValueError(f"learning_rate must be positive, got {learning_rate!r}.")
+        raise ValueError(
+            f"learning_rate must be positive, got {learning_rate!r}."
+        )
 
     def step(params: Params, batch: Batch) -> tuple[Params, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -152,7 +177,8 @@ def train(
     *,
     steps: int,
 ) -> tuple[Params, list[float]]:
-    """Run ``steps`` calls of ``step`` on the same batch; return the final params and each step's loss."""
+    """Run ``steps`` calls of ``step`` on the same batch; return the final
+    params and each step's loss."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}.")
     losses = []
@@ -163,16 +189,26 @@ def train(
 
 
 def make_regression_batch(
-    key: jax.Array, batch_size: int, d_in: int, d_out: int, *, dtype: Any = jnp.float32
+    key: jax.Array,
+    batch_size: int,
+    d_in: int,
+    d_out: int,
+    *,
+    dtype: Any = jnp.float32,
 ) -> Batch:
-    """A learnable synthetic task: ``x: [B, d_in]`` standard normal, ``y = tanh(x @ T): [B, d_out]``.
+    """A learnable synthetic task: ``x: [B, d_in]`` standard normal,
+    ``y = tanh(x @ T): [B, d_out]``.
 
-    ``T`` is a fixed random "teacher" matrix scaled by ``1/sqrt(d_in)``, so ``y`` depends
-    smoothly on ``x`` and an MLP's loss goes down when it trains on it.
+    ``T`` is a fixed random "teacher" matrix scaled by ``1/sqrt(d_in)``, so
+    ``y`` depends smoothly on ``x`` and an MLP's loss goes down when it
+    trains on it.
     """
-    for label, value in (("batch_size", batch_size), ("d_in", d_in), ("d_out", d_out)):
+    sizes = (("batch_size", batch_size), ("d_in", d_in), ("d_out", d_out))
+    for label, value in sizes:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label} must be a positive integer, got {value!r}.")
+            raise ValueError(
+                f"{label} must be a positive integer, got {value!r}."
+            )
     return _regression_batch(key, (batch_size, d_in, d_out), jnp.dtype(dtype))
 
 

@@ -92,7 +92,8 @@ def place(array: Any, mesh: Mesh, spec: P) -> jax.Array:
 
 
 def elementwise(x: jax.Array) -> jax.Array:
-    """``2 sin(x) + 1``: every output element needs only its own input element."""
+    """``2 sin(x) + 1``: every output element needs only its own input
+    element."""
     return 2 * jnp.sin(x) + 1
 
 
@@ -106,7 +107,9 @@ def matmul(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
     return lhs @ rhs
 
 
-def resharded_sine(sharding: NamedSharding) -> Callable[[jax.Array], jax.Array]:
+def resharded_sine(
+    sharding: NamedSharding,
+) -> Callable[[jax.Array], jax.Array]:
     """A jitted ``sin(x) + 1`` with ``sin(x)`` constrained to ``sharding``.
 
     The constraint computes nothing: it tells the partitioner which layout

@@ -13,9 +13,10 @@ and ``ring_diagram`` draws the order in which ``jax.make_mesh`` strings a TPU bo
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, product
 
 import jax
 import numpy as np
@@ -98,26 +99,36 @@ def _check_array(array: object, *, caller: str) -> jax.Array:
 def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
     """The distinct blocks of ``array``, in row-major order of their position.
 
-    Devices that hold the same slice of the array (a replicated block) share one ``Block``.
-    With ``data=True`` each block carries its values, read from the array's addressable shards.
+    Devices that hold the same slice of the array (a replicated block) share
+    one ``Block``. With ``data=True`` each block carries its values, read
+    from the array's addressable shards.
     """
     array = _check_array(array, caller="shard_blocks")
     if data and array.size > MAX_DATA_ELEMENTS:
         raise ValueError(
-            f"This array has {array.size} elements, too many to show its values (the limit is "
-            f"{MAX_DATA_ELEMENTS}). Call it with data=False, or look at a smaller array."
+            f"This array has {array.size} elements, too many to show its "
+            f"values (the limit is {MAX_DATA_ELEMENTS}). Call it with "
+            "data=False, or look at a smaller array."
         )
     holders: dict[tuple[tuple[int, int], ...], list[int]] = {}
-    for device, index in array.sharding.devices_indices_map(array.shape).items():
+    index_map = array.sharding.devices_indices_map(array.shape)
+    for device, index in index_map.items():
         bounds = tuple(
-            tuple(part.indices(size)[:2]) for part, size in zip(index, array.shape, strict=True)
+            tuple(part.indices(size)[:2])
+            for part, size in zip(index, array.shape, strict=True)
         )
         holders.setdefault(bounds, []).append(device.id)
-    local = {shard.device.id: shard for shard in array.addressable_shards} if data else {}
+    local = (
+        {shard.device.id: shard for shard in array.addressable_shards}
+        if data
+        else {}
+    )
     blocks = []
     for bounds in sorted(holders):
         devices = tuple(sorted(holders[bounds]))
-        values = next((np.asarray(local[d].data) for d in devices if d in local), None)
+        values = next(
+            (np.asarray(local[d].data) for d in devices if d in local), None
+        )
         blocks.append(Block(bounds=bounds, devices=devices, data=values))
     return blocks
 
@@ -346,20 +357,24 @@ class GalleryEntry:
         return str(self.grid) if self.grid is not None else f"{self.spec}: {self.error}"
 
 
-def gallery_entry(values: object, mesh: jax.sharding.Mesh, spec: PartitionSpec, *,
-                  data: bool = True) -> GalleryEntry:
-    """Place ``values`` on ``mesh`` with ``spec``; the grid, or the ``ValueError`` JAX gives.
+def gallery_entry(values: object, mesh: jax.sharding.Mesh,
+                  spec: PartitionSpec, *, data: bool = True) -> GalleryEntry:
+    """Place ``values`` on ``mesh`` with ``spec``; the grid, or the
+    ``ValueError`` JAX gives.
 
-    Only a ``ValueError`` (JAX's answer to a spec that does not fit the array or the mesh) is
-    caught and recorded; anything else is a bug and propagates.
+    Only a ``ValueError`` (JAX's answer to a spec that does not fit the array
+    or the mesh) is caught and recorded; anything else is a bug and
+    propagates.
     """
     mesh_shape = tuple(mesh.devices.shape)
     try:
         array = jax.device_put(values, NamedSharding(mesh, spec))
     except ValueError as error:
-        return GalleryEntry(mesh_shape, spec, None, f"{type(error).__name__}: {error}")
+        message = f"{type(error).__name__}: {error}"
+        return GalleryEntry(mesh_shape, spec, None, message)
     grid = layout_grid(array, data=data, title=str(spec))
-    return GalleryEntry(mesh_shape, spec, grid, None, tuple(shard_blocks(array)))
+    blocks = tuple(shard_blocks(array))
+    return GalleryEntry(mesh_shape, spec, grid, None, blocks)
 
 
 @dataclass(frozen=True)
@@ -438,13 +453,19 @@ class StandInDevice:
 
 
 def tpu_v3_tray() -> list[StandInDevice]:
-    """Stand-ins for the 8 devices of a TPU v3 board: 4 chips in a 2x2 layout, 2 cores each.
+    """Stand-ins for the 8 devices of a TPU v3 board: 4 chips in a 2x2
+    layout, 2 cores each.
 
-    Ids go two per chip (core 0, core 1) and chips are numbered row by row, x fastest. This is
-    an assumed numbering, used to draw the ring; JAX's own code holds only the resulting order.
+    Ids go two per chip (core 0, core 1) and chips are numbered row by row,
+    x fastest. This is an assumed numbering, used to draw the ring; JAX's
+    own code holds only the resulting order.
     """
     return [
-        StandInDevice(id=2 * chip + core, coords=(chip % 2, chip // 2, 0), core_on_chip=core)
+        StandInDevice(
+            id=2 * chip + core,
+            coords=(chip % 2, chip // 2, 0),
+            core_on_chip=core,
+        )
         for chip in range(4)
         for core in range(2)
     ]
@@ -491,25 +512,58 @@ def ring_hops(devices: Sequence[object], order: Sequence[int]) -> list[int]:
     return hops
 
 
-def _passes_over(start: tuple[float, float], end: tuple[float, float],
-                 centres: list[tuple[float, float]], w: float, h: float) -> bool:
-    """Whether the straight line from start to end runs over a box of size w x h at a centre."""
-    for t in (i / 40 for i in range(1, 40)):
-        x, y = start[0] + t * (end[0] - start[0]), start[1] + t * (end[1] - start[1])
-        if any(abs(x - cx) < w / 2 and abs(y - cy) < h / 2 for cx, cy in centres):
-            return True
-    return False
+Point = tuple[float, float]
+#: Box corners ``(left, top, right, bottom)`` in SVG coordinates (y grows downwards).
+Box = tuple[float, float, float, float]
 
 
-def _bend(start: tuple[float, float], end: tuple[float, float],
-          middle: tuple[float, float]) -> tuple[float, float]:
-    """A control point that bows the line from start to end away from the picture's middle."""
-    mx, my = (start[0] + end[0]) / 2, (start[1] + end[1]) / 2
-    nx, ny = start[1] - end[1], end[0] - start[0]  # perpendicular to the line
-    length = (nx * nx + ny * ny) ** 0.5
-    if (mx - middle[0]) * nx + (my - middle[1]) * ny < 0:
-        nx, ny = -nx, -ny
-    return mx + 52 * nx / length, my + 52 * ny / length
+def _curve(start: Point, c1: Point, c2: Point, end: Point, n: int = 40) -> list[Point]:
+    """Points along the cubic Bézier curve from start to end (control points c1, c2)."""
+    points = []
+    for t in (i / n for i in range(n + 1)):
+        weights = ((1 - t) ** 3, 3 * (1 - t) ** 2 * t, 3 * (1 - t) * t**2, t**3)
+        points.append(tuple(
+            sum(w * p[axis] for w, p in zip(weights, (start, c1, c2, end), strict=True))
+            for axis in (0, 1)
+        ))
+    return points
+
+
+def _hits(points: Sequence[Point], boxes: Sequence[Box]) -> bool:
+    """Whether any of the points lies inside any of the boxes."""
+    return any(
+        left < x < right and top < y < bottom
+        for x, y in points
+        for left, top, right, bottom in boxes
+    )
+
+
+def _route(start: Point, end: Point, obstacles: Sequence[Box],
+           middle: Point) -> tuple[Point, Point]:
+    """Control points of a link from start to end that passes over none of the obstacles.
+
+    Straight if it can be; else the shortest clear curve that bows each third of the line to
+    one side (a U around a row of cores, a gentle S past cores on both sides), bowing away from
+    the picture's middle where two curves are equally short.
+    """
+    if not _hits(_curve(start, start, end, end), obstacles):
+        return start, end
+    dx, dy = end[0] - start[0], end[1] - start[1]
+    length = math.hypot(dx, dy)
+    nx, ny = -dy / length, dx / length  # unit normal to the line
+    options = []
+    for depth in (48, 96, 144):
+        for a, b in product((-depth, 0, depth), repeat=2):
+            c1 = (start[0] + dx / 3 + a * nx, start[1] + dy / 3 + a * ny)
+            c2 = (start[0] + 2 * dx / 3 + b * nx, start[1] + 2 * dy / 3 + b * ny)
+            points = _curve(start, c1, c2, end)
+            if not _hits(points, obstacles):
+                curve_length = sum(math.dist(p, q) for p, q in pairwise(points))
+                away = math.dist(points[len(points) // 2], middle)
+                options.append((round(curve_length), -away, c1, c2))
+    if not options:  # nothing clear: a straight line over the cores beats no line
+        return start, end
+    return min(options)[2:]
 
 
 def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
@@ -517,56 +571,77 @@ def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
     """An SVG of chips and cores with the ring ``order`` drawn through them.
 
     Each core is labelled with its device id and its step in the ring; steps between chips
-    that are not neighbours are dashed red.
+    that are not neighbours are dashed red. Links go around the cores they would cross, and
+    each chip's label sits in a corner no link passes; links are painted beneath the labels.
     """
     by_id = _positions(devices, order, complete=True)
-    chip_w, chip_h, gap = 128, 80, 34
-    core_w, core_h = 48, 40
+    chip_w, chip_h, gap = 128, 88, 34
+    core_w, core_h, pad = 48, 40, 4  # pad: how far a link keeps from a core it passes
+    label_w, label_h = 64, 14  # the room a "chip (x, y)" label takes
 
-    def centre(device_id: int) -> tuple[float, float]:
+    def corner(coords: Sequence[int]) -> Point:
+        return coords[0] * (chip_w + gap), coords[1] * (chip_h + gap)
+
+    def centre(device_id: int) -> Point:
         device = by_id[device_id]
-        x0 = 12 + device.coords[0] * (chip_w + gap)
-        y0 = 12 + device.coords[1] * (chip_h + gap)
-        return x0 + 11 + device.core_on_chip * (core_w + 10) + core_w / 2, y0 + 26 + core_h / 2
+        x0, y0 = corner(device.coords)
+        x = x0 + 11 + device.core_on_chip * (core_w + 10) + core_w / 2
+        return x, y0 + 26 + core_h / 2
 
-    chips = sorted({tuple(d.coords) for d in by_id.values()})
-    width = 24 + (max(c[0] for c in chips) + 1) * (chip_w + gap) - gap
-    height = 24 + (max(c[1] for c in chips) + 1) * (chip_h + gap) - gap
-    parts = []
-    for cx, cy, _ in chips:
-        x0, y0 = 12 + cx * (chip_w + gap), 12 + cy * (chip_h + gap)
-        parts.append(f"<rect x='{x0}' y='{y0}' width='{chip_w}' height='{chip_h}' rx='6' "
-                     "fill='#f4f4f4' stroke='#555'/>")
-        parts.append(f"<text x='{x0 + 6}' y='{y0 + 15}' font-size='11' fill='#444'>"
-                     f"chip ({cx}, {cy})</text>")
+    def core_box(device_id: int, margin: float) -> Box:
+        x, y = centre(device_id)
+        half_w, half_h = core_w / 2 + margin, core_h / 2 + margin
+        return x - half_w, y - half_h, x + half_w, y + half_h
+
+    chips = sorted({tuple(d.coords[:2]) for d in by_id.values()})
+    chip_boxes = [(*corner(c), corner(c)[0] + chip_w, corner(c)[1] + chip_h) for c in chips]
+    middle = (max(b[2] for b in chip_boxes) / 2, max(b[3] for b in chip_boxes) / 2)
     hops = ring_hops(list(by_id.values()), order)
-    middle = (width / 2, height / 2)
+    links, link_points = [], []
     for (here, there), hop in zip(_steps(order), hops, strict=True):
         start, end = centre(here), centre(there)
-        others = [centre(d) for d in by_id if d not in (here, there)]
-        straight = start[0] == end[0] or start[1] == end[1]  # along a row or a column
-        if straight and _passes_over(start, end, others, core_w, core_h):
-            bend = _bend(start, end, middle)  # go around the cores in between
-        else:
-            bend = ((start[0] + end[0]) / 2, (start[1] + end[1]) / 2)
-        style = "stroke='#CC3311' stroke-width='3' stroke-dasharray='7 5'" if hop > 1 else \
-            "stroke='#222' stroke-width='3'"
-        parts.append(f"<path d='M{start[0]},{start[1]} Q{bend[0]},{bend[1]} {end[0]},{end[1]}' "
-                     f"fill='none' {style}/>")
+        others = [core_box(d, pad) for d in by_id if d not in (here, there)]
+        c1, c2 = _route(start, end, others, middle)
+        link_points += _curve(start, c1, c2, end)
+        style = ("stroke='#CC3311' stroke-width='3' stroke-dasharray='7 5'" if hop > 1
+                 else "stroke='#222' stroke-width='3'")
+        links.append(f"<path d='M{start[0]},{start[1]} C{c1[0]},{c1[1]} {c2[0]},{c2[1]} "
+                     f"{end[0]},{end[1]}' fill='none' {style}/>")
+    chip_parts, label_parts = [], []
+    for (cx, cy), (left, top, right, bottom) in zip(chips, chip_boxes, strict=True):
+        chip_parts.append(f"<rect x='{left}' y='{top}' width='{chip_w}' height='{chip_h}' "
+                          "rx='6' fill='#f4f4f4' stroke='#555'/>")
+        places = [(x, y, anchor, (x - label_w, y - 11, x, y + 3) if anchor == "end"
+                   else (x, y - 11, x + label_w, y + 3))
+                  for y in (top + 15, bottom - 6)
+                  for x, anchor in ((left + 6, "start"), (right - 6, "end"))]
+        x, y, anchor, _ = next((p for p in places if not _hits(link_points, [p[3]])), places[0])
+        # A halo in the chip's colour keeps the label readable should a link still cross it.
+        label_parts.append(f"<text x='{x}' y='{y}' text-anchor='{anchor}' font-size='11' "
+                           "fill='#444' stroke='#f4f4f4' stroke-width='4' "
+                           f"stroke-linejoin='round' paint-order='stroke'>chip ({cx}, {cy})</text>")
+    core_parts = []
     for step, device_id in enumerate(order):
         x, y = centre(device_id)
         colour = PALETTE[device_id % len(PALETTE)]
-        parts.append(f"<rect x='{x - core_w / 2}' y='{y - core_h / 2}' width='{core_w}' "
-                     f"height='{core_h}' rx='4' fill='{colour}' stroke='#222'/>")
-        parts.append(f"<text x='{x}' y='{y - 3}' font-size='14' font-weight='600' "
-                     f"text-anchor='middle' fill='{_TEXT}'>D{device_id}</text>")
-        parts.append(f"<text x='{x}' y='{y + 13}' font-size='10.5' text-anchor='middle' "
-                     f"fill='{_TEXT}'>step {step}</text>")
+        core_parts.append(f"<rect x='{x - core_w / 2}' y='{y - core_h / 2}' width='{core_w}' "
+                          f"height='{core_h}' rx='4' fill='{colour}' stroke='#222'/>")
+        core_parts.append(f"<text x='{x}' y='{y - 3}' font-size='14' font-weight='600' "
+                          f"text-anchor='middle' fill='{_TEXT}'>D{device_id}</text>")
+        core_parts.append(f"<text x='{x}' y='{y + 13}' font-size='10.5' text-anchor='middle' "
+                          f"fill='{_TEXT}'>step {step}</text>")
+    # The picture's extent: the chips and every link (a detour may leave the chips), plus a margin.
+    xs = [x for b in chip_boxes for x in (b[0], b[2])] + [p[0] for p in link_points]
+    ys = [y for b in chip_boxes for y in (b[1], b[3])] + [p[1] for p in link_points]
+    x_min, y_min = min(xs) - 12, min(ys) - 12
+    width, height = max(xs) + 12 - x_min, max(ys) + 12 - y_min
     heading = f"<div style='font-weight:600'>{html.escape(title)}</div>" if title else ""
+    # Paint order is document order: chips, then links, then labels and cores on top.
     markup = (
         f"<div style='display:inline-block;color:{_TEXT};{_FONT}'>{heading}"
-        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
-        f"style='{_FONT}'>{''.join(parts)}</svg></div>"
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:g}' height='{height:g}' "
+        f"viewBox='{x_min:g} {y_min:g} {width:g} {height:g}' style='{_FONT}'>"
+        f"{''.join(chip_parts + links + label_parts + core_parts)}</svg></div>"
     )
     text = (f"{title}: " if title else "") + " -> ".join(f"D{d}" for d in order)
     return Html(html=markup, text=text)

@@ -54,10 +54,12 @@ Specs = list[tuple[P, P]]
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to lay out the MLP and its batch on a mesh, and the loss function that goes with it.
+    """One way to lay out the MLP and its batch on a mesh, and the loss
+    function that goes with it.
 
-    Subclasses set ``axis_names`` and say where each array lives (``param_specs``,
-    ``batch_spec``); the ``shard_map`` ones also write the per-device loss.
+    Subclasses set ``axis_names`` and say where each array lives
+    (``param_specs``, ``batch_spec``); the ``shard_map`` ones also write the
+    per-device loss.
     """
 
     name: ClassVar[str] = "single"
@@ -66,24 +68,31 @@ class Strategy:
     summary: ClassVar[str] = "one device, the reference"
     axis_names: ClassVar[tuple[str, ...]] = ("batch",)
 
-    # -- where things live -------------------------------------------------------------
+    # -- where things live ---------------------------------------------------
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         """The mesh shape this strategy builds from ``n_devices`` devices."""
         return (1,)
 
     def mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
-        """A mesh with this strategy's axis names over ``devices`` (default: all of ``jax.devices()``).
+        """A mesh with this strategy's axis names over ``devices`` (default:
+        all of ``jax.devices()``).
 
-        The axes are ``AxisType.Auto``: outside ``shard_map`` the compiler propagates shardings.
+        The axes are ``AxisType.Auto``: outside ``shard_map`` the compiler
+        propagates shardings.
         """
         devices = list(jax.devices() if devices is None else devices)
         if not devices:
-            raise ValueError(f"strategy {self.name!r}: got an empty list of devices.")
+            raise ValueError(
+                f"strategy {self.name!r}: got an empty list of devices."
+            )
         shape = self.mesh_shape(len(devices))
         used = devices[: math.prod(shape)]
         return jax.make_mesh(
-            shape, self.axis_names, axis_types=(AxisType.Auto,) * len(shape), devices=used
+            shape,
+            self.axis_names,
+            axis_types=(AxisType.Auto,) * len(shape),
+            devices=used,
         )
 
     def param_specs(self, params: Params) -> Specs:
@@ -106,27 +115,36 @@ class Strategy:
         self._check_mesh(mesh)
         return NamedSharding(mesh, self.batch_spec())
 
-    # -- the interface -----------------------------------------------------------------
+    # -- the interface -------------------------------------------------------
 
-    def shard(self, params: Params, batch: Batch, mesh: Mesh) -> tuple[Params, Batch]:
-        """Place ``params`` and ``batch`` on ``mesh`` as this strategy needs them.
+    def shard(
+        self, params: Params, batch: Batch, mesh: Mesh
+    ) -> tuple[Params, Batch]:
+        """Place ``params`` and ``batch`` on ``mesh`` as this strategy needs
+        them.
 
-        The arrays go through host memory (``jax.device_get``, then ``jax.device_put`` of the
-        NumPy values): each device receives its slice, and nothing is compiled. That suits
-        arrays this process holds whole. In a multi-process run every process must pass the
-        same values (``jax.device_put`` checks); there a batch is better built from each
-        process's own rows with ``jax.make_array_from_process_local_data(batch_sharding(mesh),
-        rows)``, and a model too big for one host created already sharded
+        The arrays go through host memory (``jax.device_get``, then
+        ``jax.device_put`` of the NumPy values): each device receives its
+        slice, and nothing is compiled. That suits arrays this process holds
+        whole. In a multi-process run every process must pass the same values
+        (``jax.device_put`` checks); there a batch is better built from each
+        process's own rows with
+        ``jax.make_array_from_process_local_data(sharding, rows)`` (where
+        ``sharding = batch_sharding(mesh)``), and a model too big for one host
+        created already sharded
         (``jax.jit(init, out_shardings=param_shardings(...))``).
 
-        Raises ``ValueError`` (naming the size and the divisor) when the batch size or a
-        layer width does not split evenly over the mesh axis that shards it.
+        Raises ``ValueError`` (naming the size and the divisor) when the batch
+        size or a layer width does not split evenly over the mesh axis that
+        shards it.
         """
         self.check(params, batch, mesh)
-        params = jax.device_put(jax.device_get(params), self.param_shardings(params, mesh))
+        param_shardings = self.param_shardings(params, mesh)
+        params = jax.device_put(jax.device_get(params), param_shardings)
         sharding = self.batch_sharding(mesh)
         x, y = jax.device_get(batch)
-        return params, (jax.device_put(x, sharding), jax.device_put(y, sharding))
+        batch = (jax.device_put(x, sharding), jax.device_put(y, sharding))
+        return params, batch
 
     def loss(self, mesh: Mesh) -> LossFn:
         """``loss_fn(params, batch)``: equal to ``mlp_loss`` in value and gradient.
@@ -141,7 +159,7 @@ class Strategy:
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
         return mlp_loss(params, batch)
 
-    # -- validation at the boundary --------------------------------------------------------
+    # -- validation at the boundary ------------------------------------------
 
     def _check_mesh(self, mesh: Mesh) -> None:
         if tuple(mesh.axis_names) != self.axis_names:
@@ -224,7 +242,8 @@ def _check_devices(strategy: str, n_devices: int, divisor: int, axis: str) -> No
 
 @dataclass(frozen=True)
 class AutoDataParallel(Strategy):
-    """Batch split over ``'batch'``, every parameter replicated; the compiler adds the gradient all-reduce."""
+    """Batch split over ``'batch'``, every parameter replicated; the
+    compiler adds the gradient all-reduce."""
 
     name: ClassVar[str] = "auto_dp"
     summary: ClassVar[str] = "jit: batch P('batch'), params replicated"
@@ -271,7 +290,8 @@ class AutoDataTensorParallel(Strategy):
 
 @dataclass(frozen=True)
 class Auto2D(Strategy):
-    """Every weight and the batch ``P('data', 'model')``: rows over ``'data'``, columns over ``'model'``."""
+    """Every weight and the batch ``P('data', 'model')``: rows over
+    ``'data'``, columns over ``'model'``."""
 
     model_size: int = 2
     name: ClassVar[str] = "auto_2d"
@@ -291,14 +311,18 @@ class Auto2D(Strategy):
 
 @dataclass(frozen=True)
 class AutoFSDP(Strategy):
-    """Batch and every parameter split over ``'batch'`` (weights on their first axis).
+    """Batch and every parameter split over ``'batch'`` (weights on their
+    first axis).
 
-    The loss asks for each weight whole (a sharding constraint to ``P()``) right where a layer
-    uses it, so the compiler all-gathers weights instead of moving activations.
+    The loss asks for each weight whole (a sharding constraint to ``P()``)
+    right where a layer uses it, so the compiler all-gathers weights instead
+    of moving activations.
     """
 
     name: ClassVar[str] = "auto_fsdp"
-    summary: ClassVar[str] = "jit: batch and params P('batch'), constrained to P() before use"
+    summary: ClassVar[str] = (
+        "jit: batch and params P('batch'), constrained to P() before use"
+    )
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
@@ -312,7 +336,10 @@ class AutoFSDP(Strategy):
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
         whole = NamedSharding(mesh, P())
         gathered = [
-            (jax.lax.with_sharding_constraint(w, whole), jax.lax.with_sharding_constraint(b, whole))
+            (
+                jax.lax.with_sharding_constraint(w, whole),
+                jax.lax.with_sharding_constraint(b, whole),
+            )
             for w, b in params
         ]
         return mlp_loss(gathered, batch)
@@ -328,25 +355,29 @@ class _ShardMapStrategy(Strategy):
     kind: ClassVar[str] = "shard_map"
 
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
+        batch_specs = (self.batch_spec(), self.batch_spec())
         per_device = jax.shard_map(
             self.local_loss,
             mesh=mesh,
-            in_specs=(self.param_specs(params), (self.batch_spec(), self.batch_spec())),
+            in_specs=(self.param_specs(params), batch_specs),
             out_specs=P(),
         )
         return per_device(params, batch)
 
     def local_loss(self, params: Params, batch: Batch) -> jax.Array:
-        """The loss as one device computes it from its shards; the same number on every device."""
+        """The loss as one device computes it from its shards; the same
+        number on every device."""
         raise NotImplementedError
 
 
 @dataclass(frozen=True)
 class DataParallel(_ShardMapStrategy):
-    """Each device: the loss of its slice of the batch, then ``pmean`` over ``'batch'``.
+    """Each device: the loss of its slice of the batch, then ``pmean`` over
+    ``'batch'``.
 
-    Parameters come in replicated (``P()``). Differentiating through ``shard_map`` turns the
-    implicit broadcast of each parameter into a ``psum`` of its gradient: the all-reduce.
+    Parameters come in replicated (``P()``). Differentiating through
+    ``shard_map`` turns the implicit broadcast of each parameter into a
+    ``psum`` of its gradient: the all-reduce.
     """
 
     name: ClassVar[str] = "dp"
@@ -362,11 +393,14 @@ class DataParallel(_ShardMapStrategy):
         return jax.lax.pmean(mlp_loss(params, batch), "batch")
 
 
-def gathered_affine(w_shard: jax.Array, b_shard: jax.Array, x: jax.Array, axis_name: str) -> jax.Array:
-    """``x @ W + b`` with ``W`` and ``b`` all-gathered from their shards right before use.
+def gathered_affine(
+    w_shard: jax.Array, b_shard: jax.Array, x: jax.Array, axis_name: str
+) -> jax.Array:
+    """``x @ W + b`` with ``W`` and ``b`` all-gathered from their shards
+    right before use.
 
-    ``w_shard: [n_in / k, n_out]``, ``b_shard: [n_out / k]`` (``k`` devices on ``axis_name``),
-    ``x: [B_local, n_in]``; returns ``[B_local, n_out]``.
+    ``w_shard: [n_in / k, n_out]``, ``b_shard: [n_out / k]`` (``k`` devices
+    on ``axis_name``), ``x: [B_local, n_in]``; returns ``[B_local, n_out]``.
     """
     w = jax.lax.all_gather(w_shard, axis_name, axis=0, tiled=True)
     b = jax.lax.all_gather(b_shard, axis_name, axis=0, tiled=True)
@@ -380,18 +414,23 @@ FSDP_REMAT_POLICY = jax.checkpoint_policies.dots_saveable
 
 @dataclass(frozen=True)
 class FSDP(_ShardMapStrategy):
-    """Fully sharded data parallel: batch *and* parameters split over ``'batch'``.
+    """Fully sharded data parallel: batch *and* parameters split over
+    ``'batch'``.
 
-    Every weight lives as a ``1/k`` slice of its rows (bias: of its entries). Each layer
-    all-gathers its weight right before use; with ``remat=True`` the layer runs under
-    ``jax.checkpoint(policy=FSDP_REMAT_POLICY)``, so the gathered weight is not kept for the
-    backward pass but gathered again there. The gradient of an all-gather is a reduce-scatter,
-    so each device ends with the gradient of its own slice.
+    Every weight lives as a ``1/k`` slice of its rows (bias: of its
+    entries). Each layer all-gathers its weight right before use; with
+    ``remat=True`` the layer runs under
+    ``jax.checkpoint(policy=FSDP_REMAT_POLICY)``, so the gathered weight is
+    not kept for the backward pass but gathered again there. The gradient of
+    an all-gather is a reduce-scatter, so each device ends with the gradient
+    of its own slice.
     """
 
     remat: bool = True
     name: ClassVar[str] = "fsdp"
-    summary: ClassVar[str] = "shard_map: params P('batch'), all_gather before use, remat"
+    summary: ClassVar[str] = (
+        "shard_map: params P('batch'), all_gather before use, remat"
+    )
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
@@ -414,29 +453,42 @@ class FSDP(_ShardMapStrategy):
         return jax.lax.pmean(jnp.mean(jnp.sum(error**2, axis=-1)), "batch")
 
 
-def row_parallel_affine(w_shard: jax.Array, b_shard: jax.Array, x_shard: jax.Array, axis_name: str) -> jax.Array:
-    """``x @ W + b`` with ``x`` split over its features and ``W`` over its rows (input features).
+def row_parallel_affine(
+    w_shard: jax.Array,
+    b_shard: jax.Array,
+    x_shard: jax.Array,
+    axis_name: str,
+) -> jax.Array:
+    """``x @ W + b`` with ``x`` split over its features and ``W`` over its
+    rows (input features).
 
-    ``x_shard: [B, n_in / k]``, ``w_shard: [n_in / k, n_out]``, ``b_shard: [n_out / k]``. The
-    local matmul gives a partial sum ``[B, n_out]``; ``psum_scatter`` adds the ``k`` partial
-    sums and leaves each device its ``[B, n_out / k]`` slice of the features -- the layout the
-    next layer's input needs.
+    ``x_shard: [B, n_in / k]``, ``w_shard: [n_in / k, n_out]``,
+    ``b_shard: [n_out / k]``. The local matmul gives a partial sum
+    ``[B, n_out]``; ``psum_scatter`` adds the ``k`` partial sums and leaves
+    each device its ``[B, n_out / k]`` slice of the features -- the layout
+    the next layer's input needs.
     """
     partial_sum = x_shard @ w_shard
-    out = jax.lax.psum_scatter(partial_sum, axis_name, scatter_dimension=1, tiled=True)
+    out = jax.lax.psum_scatter(
+        partial_sum, axis_name, scatter_dimension=1, tiled=True
+    )
     return out + b_shard
 
 
 @dataclass(frozen=True)
 class TensorParallel(_ShardMapStrategy):
-    """Tensor parallel over ``'model'``: activations split over features, weights over input features.
+    """Tensor parallel over ``'model'``: activations split over features,
+    weights over input features.
 
-    The whole batch is on every device. The squared error of the last layer covers only this
-    device's output features, so the sum over features needs a ``psum`` before the mean.
+    The whole batch is on every device. The squared error of the last layer
+    covers only this device's output features, so the sum over features
+    needs a ``psum`` before the mean.
     """
 
     name: ClassVar[str] = "tp"
-    summary: ClassVar[str] = "shard_map: x P(None,'model'), W P('model',None), psum_scatter"
+    summary: ClassVar[str] = (
+        "shard_map: x P(None,'model'), W P('model',None), psum_scatter"
+    )
     axis_names: ClassVar[tuple[str, ...]] = ("model",)
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
@@ -453,8 +505,10 @@ class TensorParallel(_ShardMapStrategy):
         *hidden, (w_last, b_last) = params
         for w_shard, b_shard in hidden:
             x = jax.nn.relu(row_parallel_affine(w_shard, b_shard, x, "model"))
-        error = row_parallel_affine(w_last, b_last, x, "model") - y  # [B, d_out / k]
-        squared_error = jax.lax.psum(jnp.sum(error**2), "model")  # sum over all features
+        prediction = row_parallel_affine(w_last, b_last, x, "model")
+        error = prediction - y  # [B, d_out / k]
+        # sum over all features: this device's, then every device's
+        squared_error = jax.lax.psum(jnp.sum(error**2), "model")
         return squared_error / x.shape[0]
 
 
@@ -556,20 +610,28 @@ def check_against_reference(
     *,
     devices: Sequence[jax.Device] | None = None,
 ) -> ReferenceCheck:
-    """Loss and gradient of ``strategy`` on ``devices`` against ``mlp_loss`` on the first device alone."""
+    """Loss and gradient of ``strategy`` on ``devices`` against ``mlp_loss``
+    on the first device alone."""
     if isinstance(strategy, str):
         strategy = _lookup(strategy)
     mesh = strategy.mesh(devices)
     placed_params, placed_batch = strategy.shard(params, batch, mesh)
-    loss, grads = jax.jit(jax.value_and_grad(strategy.loss(mesh)))(placed_params, placed_batch)
-    one_device = jax.device_put(jax.device_get((params, batch)), mesh.devices.flat[0])
+    value_and_grad = jax.jit(jax.value_and_grad(strategy.loss(mesh)))
+    loss, grads = value_and_grad(placed_params, placed_batch)
+    first_device = mesh.devices.flat[0]
+    one_device = jax.device_put(jax.device_get((params, batch)), first_device)
     reference_loss, reference_grads = _reference_value_and_grad(*one_device)
-    grads, reference_grads = jax.device_get((jax.tree.leaves(grads), jax.tree.leaves(reference_grads)))
+    grads, reference_grads = jax.device_get(
+        (jax.tree.leaves(grads), jax.tree.leaves(reference_grads))
+    )
+    grad_errors = [
+        np.max(np.abs(g - r)) for g, r in zip(grads, reference_grads)
+    ]
     return ReferenceCheck(
         strategy=strategy.name,
         loss=float(loss),
         reference_loss=float(reference_loss),
-        max_grad_error=max(float(np.max(np.abs(g - r))) for g, r in zip(grads, reference_grads)),
+        max_grad_error=float(max(grad_errors)),
         max_grad=max(float(np.max(np.abs(r))) for r in reference_grads),
     )
 
@@ -641,11 +703,13 @@ def profile_step(
     learning_rate: float = 0.01,
     runs: int = 10,
 ) -> StepProfile:
-    """Lay out ``params``/``batch`` with ``strategy`` on ``devices``, compile one SGD step, measure it.
+    """Lay out ``params``/``batch`` with ``strategy`` on ``devices``, compile
+    one SGD step, measure it.
 
     The collectives, bytes and memory come from the one compiled program
-    (:func:`spmd_guide.hlo.report`); the time from :func:`spmd_guide.timing.time_fn`
-    (``runs`` timed calls after a compiling warm-up), on whatever hardware ``devices`` are.
+    (:func:`spmd_guide.hlo.report`); the time from
+    :func:`spmd_guide.timing.time_fn` (``runs`` timed calls after a compiling
+    warm-up), on whatever hardware ``devices`` are.
     """
     if isinstance(strategy, str):
         strategy = _lookup(strategy)
