@@ -8,11 +8,15 @@ to fix a mismatch.
 
 from __future__ import annotations
 
+import math
 import os
 import platform as _platform
 from dataclasses import dataclass
 
 import jax
+from jax.sharding import AxisType, Mesh
+
+from spmd_guide import checks
 
 
 def _request_cpu_devices(n: int) -> bool:
@@ -39,9 +43,7 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
     the devices cannot be had: fewer accelerators than ``n``, or JAX already
     started with a different number of CPU devices.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(
-            f"ensure_devices(n) needs a positive integer, got {n!r}.")
+    n = checks.count("ensure_devices(n)", n, maximum=checks.MAX_DEVICES)
     requested = _request_cpu_devices(n)
     devices = jax.devices()
     platform = devices[0].platform
@@ -119,3 +121,36 @@ def environment_summary() -> Environment:
         host_cores=os.cpu_count() or 1,
         python=_platform.python_version(),
     )
+
+
+_AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
+
+
+def build_mesh(shape: object, names: object, *, devices: object = None,
+               axis_types: str = "auto") -> Mesh:
+    """The book's one mesh builder: ``jax.make_mesh`` on the first ``prod(shape)`` devices.
+
+    ``axis_types`` is ``"auto"`` (the compiler propagates shardings; what most chapters
+    use) or ``"explicit"`` (shardings are part of the types, ``jax.make_mesh``'s default
+    since JAX 0.9). ``devices`` defaults to ``jax.devices()``.
+    """
+    shape = checks.counts("mesh shape", (shape,) if isinstance(shape, int) else shape)
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise checks.InputTypeError(
+            f"mesh axis names must be a tuple of strings such as ('data', 'model'), got "
+            f"{names!r}.")
+    names = tuple(names)
+    if len(names) != len(shape) or len(set(names)) != len(names) or not all(
+            isinstance(n, str) for n in names):
+        raise checks.InputError(
+            f"need one distinct axis name (a string) per mesh dimension: shape {shape}, "
+            f"names {names}.")
+    kind = checks.one_of("axis_types", axis_types, _AXIS_TYPES)
+    available = list(jax.devices() if devices is None else devices)
+    size = math.prod(shape)
+    if size > len(available):
+        raise checks.InputError(
+            f"a {shape} mesh needs {size} devices, but {len(available)} were given; call "
+            f"spmd_guide.ensure_devices({size}) first.")
+    return jax.make_mesh(shape, names, axis_types=(_AXIS_TYPES[kind],) * len(shape),
+                         devices=available[:size])

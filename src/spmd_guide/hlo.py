@@ -55,7 +55,7 @@ import numpy as np
 
 __all__ = [
     "KINDS", "Buffer", "Collective", "MemoryStats", "Report", "collective_counts",
-    "collectives", "collectives_in_text", "communication_bytes", "compiled_text",
+    "collectives", "collectives_in_text", "communication_bytes", "compile", "compiled_text",
     "format_bytes", "memory_per_device", "parse_replica_groups", "parse_shape", "report",
     "ring_bytes",
 ]
@@ -608,6 +608,13 @@ def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
             "Pass the example arguments after the function, e.g. collective_counts(f, x, y); "
             "bind static or non-array arguments first with functools.partial."
         ) from None
+
+
+def compile(fn: Callable[..., Any], *args: Any) -> jax.stages.Compiled:  # noqa: A001
+    """The one compile step of the book: ``fn`` (plain, jitted, lowered or compiled) on
+    ``args``, as a ``jax.stages.Compiled`` (ask it ``.as_text()``, ``.memory_analysis()``,
+    ``.cost_analysis()``). ``args`` may be ``jax.ShapeDtypeStruct``s."""
+    return _compile(fn, args)
 
 
 def compiled_text(fn: Callable[..., Any], *args: Any) -> str:
