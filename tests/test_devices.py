@@ -1,9 +1,12 @@
 """ensure_devices and environment_summary: the entry point of every chapter."""
 
+import numpy as np
 import pytest
-
 from conftest import run_python
-from spmd_guide import ensure_devices, environment_summary
+from jax.sharding import AxisType
+
+from spmd_guide import checks, ensure_devices, environment_summary
+from spmd_guide.devices import build_mesh
 
 
 def test_returns_the_eight_devices_of_this_session(devices):
@@ -12,10 +15,49 @@ def test_returns_the_eight_devices_of_this_session(devices):
     assert got == devices
 
 
-@pytest.mark.parametrize("bad", [0, -3, 2.0, "8", True])
-def test_rejects_a_count_that_is_not_a_positive_int(bad):
-    with pytest.raises(ValueError, match="positive integer"):
+@pytest.mark.parametrize(("bad", "word"), [
+    (0, "at least 1"), (-3, "at least 1"), (2.0, "integer"), ("8", "integer"),
+    (True, "integer"), (None, "integer"), (10**6, "at most"),
+])
+def test_rejects_a_count_that_is_not_a_positive_int(bad, word):
+    with pytest.raises(checks.InputError, match=word):
         ensure_devices(bad)
+
+
+def test_accepts_numpy_integers():
+    assert len(ensure_devices(np.int64(8))) == 8
+
+
+def test_requested_count_wins_over_xla_flags():
+    out = run_python(
+        """
+        from spmd_guide import ensure_devices
+        print(len(ensure_devices(4)))
+        """,
+        devices=2,
+    )
+    assert out.split() == ["4"]
+
+
+@pytest.mark.parametrize(("shape", "names", "kwargs", "word"), [
+    ((4, 2), ("a",), {}, "one distinct axis name"),
+    ((2, 2), ("a", "a"), {}, "one distinct axis name"),
+    ((4, 4), ("a", "b"), {}, "needs 16 devices"),
+    ((8,), "x", {}, "tuple of strings"),
+    ((0,), ("x",), {}, "at least 1"),
+    ((8,), ("x",), {"axis_types": "manual"}, "choose one of"),
+])
+def test_build_mesh_refuses_bad_meshes(shape, names, kwargs, word):
+    with pytest.raises(checks.InputError, match=word):
+        build_mesh(shape, names, **kwargs)
+
+
+def test_build_mesh_takes_ints_and_numpy_ints_and_both_axis_types():
+    assert build_mesh(8, ("x",)).shape == {"x": 8}
+    mesh = build_mesh((np.int64(4), 2), ("a", "b"), axis_types="explicit")
+    assert dict(mesh.shape) == {"a": 4, "b": 2}
+    assert set(mesh.axis_types) == {AxisType.Explicit}
+    assert set(build_mesh((2,), ("x",)).axis_types) == {AxisType.Auto}
 
 
 def test_a_different_count_after_jax_started_says_how_to_fix():

@@ -1,199 +1,29 @@
-"""The one-device model of Part IV: init, predict, losses, SGD, and the model chapter's exercises."""
+"""spmd_guide.nn: the face of Part IV re-exports the model and the strategies, one way."""
 
-from __future__ import annotations
+import subprocess
+import sys
 
-import math
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
-from conftest import mesh_of
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
-from spmd_guide import nn
+from spmd_guide import mlp, nn, strategies
 
 
-def _numpy_predict(params, x):
-    x = np.asarray(x, np.float64)
-    for i, (w, b) in enumerate(params):
-        x = x @ np.asarray(w, np.float64) + np.asarray(b, np.float64)
-        if i < len(params) - 1:
-            x = np.maximum(x, 0.0)
-    return x
-
-
-SIZES = [16, 64, 64, 64, 16]  # the book's model (and test_strategies'): shared compilations
-BATCH = 64
-
-
-@pytest.fixture(scope="module")
-def model():
-    """Small params and a regression batch, shared so each shape compiles once."""
-    params = nn.init_mlp(jax.random.key(0), SIZES)
-    batch = nn.make_regression_batch(jax.random.key(1), BATCH, SIZES[0], SIZES[-1])
-    return params, batch
-
-
-def test_init_mlp_shapes_dtypes_and_zero_biases(model):
-    params, _ = model
-    assert [(w.shape, b.shape) for w, b in params] == [((a, b), (b,)) for a, b in zip(SIZES[:-1], SIZES[1:])]
-    assert all(w.dtype == jnp.float32 and b.dtype == jnp.float32 for w, b in params)
-    assert all(not np.any(np.asarray(b)) for _, b in params)
-
-
-def test_init_mlp_scales_weights_by_fan_in_and_follows_the_key(model):
-    params, _ = model
-    for w, _ in params[1:3]:  # 64 x 64: 4096 samples each
-        assert float(np.std(np.asarray(w))) == pytest.approx(math.sqrt(2 / 64), rel=0.05)
-    assert float(np.std(np.asarray(params[0][0]))) == pytest.approx(math.sqrt(2 / 16), rel=0.1)
-    again = nn.init_mlp(jax.random.key(0), SIZES)
-    other = nn.init_mlp(jax.random.key(2), SIZES)
-    np.testing.assert_array_equal(params[1][0], again[1][0])
-    assert not np.array_equal(params[1][0], other[1][0])
-
-
-@pytest.mark.parametrize("sizes", [[3], [], [3, 0], [3, 2.5], [True, 2]])
-def test_init_mlp_rejects_bad_layer_sizes(sizes):
-    with pytest.raises(ValueError, match="layer_sizes"):
-        nn.init_mlp(jax.random.key(0), sizes)
-
-
-@jax.jit
-def _everything(params, batch):
-    """predict, layer_outputs and mlp_loss in one compiled program (one compile, not three)."""
-    x, _ = batch
-    return nn.predict(params, x), nn.layer_outputs(params, x), nn.mlp_loss(params, batch)
-
-
-def test_predict_and_loss_match_a_numpy_reference(model):
-    params, (x, y) = model
-    expected = _numpy_predict(params, x)
-    predicted, outputs, loss = _everything(params, (x, y))
-    np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-5)
-    assert [o.shape for o in outputs] == [(BATCH, n) for n in SIZES[1:]]
-    np.testing.assert_allclose(outputs[-1], expected, rtol=1e-5, atol=1e-5)
-    assert all(float(o.min()) >= 0 for o in outputs[:-1])  # ReLU between layers
-    expected_loss = np.mean(np.sum((expected - np.asarray(y)) ** 2, axis=-1))
-    assert float(loss) == pytest.approx(expected_loss, rel=1e-5)
-
-
-def test_cross_entropy_matches_log_softmax_and_is_stable(model):
-    params, (x, _) = model
-    labels = jnp.arange(BATCH) % SIZES[-1]
-    logits = np.asarray(_numpy_predict(params, x))
-    log_probs = logits - np.log(np.sum(np.exp(logits), axis=-1, keepdims=True))
-    expected = -np.mean(log_probs[np.arange(BATCH), np.asarray(labels)])
-    loss = jax.jit(nn.cross_entropy_loss)
-    assert float(loss(params, (x, labels))) == pytest.approx(expected, rel=1e-5)
-    huge = [(w * 1e4, b) for w, b in params]
-    assert np.isfinite(float(loss(huge, (x, labels))))
-
-
-def test_sgd_training_lowers_both_losses(model):
-    params, batch = model
-    step = nn.make_sgd_step(nn.mlp_loss, learning_rate=0.05)
-    _, losses = nn.train(step, params, batch, steps=10)
-    assert len(losses) == 10 and losses[-1] < 0.7 * losses[0]
-    x, y = batch
-    labels = jnp.argmax(y, axis=-1)
-    ce_step = nn.make_sgd_step(nn.cross_entropy_loss, learning_rate=0.1)
-    _, ce_losses = nn.train(ce_step, params, (x, labels), steps=10)
-    assert ce_losses[-1] < ce_losses[0]
-
-
-def test_sgd_update_is_plain_gradient_descent():
-    params = [(jnp.ones((2, 2)), jnp.zeros(2))]
-    grads = [(jnp.full((2, 2), 2.0), jnp.ones(2))]
-    new = nn.sgd_update(params, grads, learning_rate=0.25)
-    np.testing.assert_allclose(new[0][0], 0.5)
-    np.testing.assert_allclose(new[0][1], -0.25)
-
-
-def test_bad_training_options_raise():
-    with pytest.raises(ValueError, match="learning_rate"):
-        nn.make_sgd_step(nn.mlp_loss, learning_rate=0.0)
-    step = nn.make_sgd_step(nn.mlp_loss, learning_rate=0.1)
-    with pytest.raises(ValueError, match="steps"):
-        nn.train(step, [], (None, None), steps=0)
-    with pytest.raises(ValueError, match="batch_size"):
-        nn.make_regression_batch(jax.random.key(0), 0, 4, 4)
-
-
-def test_param_bytes_per_device_counts_shards():
-    params = [(np.ones((8, 16), np.float32), np.ones(16, np.float32))]
-    total = 8 * 16 * 4 + 16 * 4
-    mesh = mesh_of(8)
-    replicated = jax.device_put(params, NamedSharding(mesh, P()))
-    split = jax.device_put(params, NamedSharding(mesh, P("x")))
-    assert nn.param_bytes_per_device(replicated) == total
-    assert nn.param_bytes_per_device(split) == total // 8
-
-
-def test_strategies_are_reachable_from_nn():
-    from spmd_guide import strategies
-
-    assert nn.STRATEGIES is strategies.STRATEGIES
-    assert nn.Strategy is strategies.Strategy
+def test_names_are_the_defining_modules_own():
+    assert nn.STRATEGIES is strategies.STRATEGIES and nn.Strategy is strategies.Strategy
+    assert nn.init_mlp is mlp.init_mlp and nn.mlp_loss is mlp.mlp_loss
     assert {"dp", "fsdp", "tp", "auto_dp", "auto_dp_tp"} <= set(nn.STRATEGIES)
-    with pytest.raises(AttributeError):
-        nn.no_such_name  # noqa: B018
+    assert set(nn.__all__) <= set(dir(nn))
 
 
-@jax.jit
-def _predict_and_loss(params, batch):
-    return nn.predict(params, batch[0]), nn.mlp_loss(params, batch)
+def test_no_module_of_the_package_imports_in_a_circle():
+    """Every module imports on its own in a fresh interpreter, in any order (a cycle fails
+    for one of its members), and no module defines a lazy module __getattr__."""
+    import pkgutil
 
+    import spmd_guide
 
-@settings(max_examples=5, deadline=None)
-@given(
-    sizes=st.lists(st.integers(1, 9), min_size=2, max_size=4),
-    batch_size=st.integers(1, 6),
-)
-def test_predict_and_loss_are_shape_generic(sizes, batch_size):
-    rng = np.random.default_rng(0)  # NumPy data: one compile per example, not one per random op
-    params = [
-        (rng.normal(size=(a, b)).astype(np.float32), rng.normal(size=(b,)).astype(np.float32))
-        for a, b in zip(sizes[:-1], sizes[1:])
-    ]
-    x = rng.normal(size=(batch_size, sizes[0])).astype(np.float32)
-    y = rng.normal(size=(batch_size, sizes[-1])).astype(np.float32)
-    out, loss = _predict_and_loss(params, (x, y))
-    assert out.shape == (batch_size, sizes[-1])
-    np.testing.assert_allclose(out, _numpy_predict(params, x), rtol=1e-4, atol=1e-4)
-    assert np.isfinite(float(loss)) and float(loss) >= 0
-
-
-# -- the model chapter's exercises ------------------------------------------------------
-
-
-def _zeros_like(params):
-    return [(np.zeros(w.shape, np.float32), np.zeros(b.shape, np.float32)) for w, b in params]
-
-
-def test_exercise_zero_model_loss_is_mean_squared_target_norm(model):
-    params, (x, y) = model
-    zero_loss = float(_everything(_zeros_like(params), (x, y))[2])
-    assert zero_loss == pytest.approx(float(np.mean(np.sum(np.asarray(y) ** 2, -1))), rel=1e-6)
-
-
-def test_exercise_uniform_logits_give_log_of_class_count(model):
-    params, (x, _) = model
-    loss = jax.jit(nn.cross_entropy_loss)(_zeros_like(params), (x, jnp.arange(BATCH) % SIZES[-1]))
-    assert float(loss) == pytest.approx(math.log(SIZES[-1]), rel=1e-6)
-
-
-def test_exercise_he_scaling_keeps_activations_in_range_unit_scaling_does_not():
-    sizes = [64] * 9
-    x = np.random.default_rng(0).normal(size=(16, 64)).astype(np.float32)
-    he = nn.init_mlp(jax.random.key(0), sizes)
-    unit = [(np.asarray(w) / np.std(np.asarray(w)), b) for w, b in he]
-    rms = lambda a: float(np.sqrt(np.mean(np.asarray(a) ** 2)))  # noqa: E731
-    outputs = jax.jit(nn.layer_outputs)
-    he_rms = [rms(o) for o in outputs(he, x)[:-1]]
-    unit_rms = [rms(o) for o in outputs(unit, x)[:-1]]
-    assert 0.3 < min(he_rms) and max(he_rms) < 3
-    assert unit_rms[-1] > 1e5
+    names = [m.name for m in pkgutil.iter_modules(spmd_guide.__path__)]
+    code = "; ".join(f"import spmd_guide.{n}" for n in reversed(sorted(names)))
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                   env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+    for name in names:
+        module = __import__(f"spmd_guide.{name}", fromlist=["_"])
+        assert "__getattr__" not in vars(module), name

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo
+from spmd_guide import hlo, hlo_text
 from spmd_guide import partitioning as pt
 from spmd_guide.display import error_of
 from spmd_guide.timing import Timing, speedup
@@ -68,9 +68,9 @@ class TestAutoMesh:
         assert [d.id for d in mesh.devices.flat] == [3, 2, 1, 0]
 
     @pytest.mark.parametrize("shape, names, message", [
-        ((), (), "positive"),
-        ((0, 2), ("a", "b"), "positive"),
-        ((2.0,), ("a",), "positive"),
+        ((), (), "at least 1 entries"),
+        ((0, 2), ("a", "b"), "at least 1"),
+        ((2.0,), ("a",), "must be an integer"),
         ((2, 2), ("a",), "one distinct axis name"),
         ((2, 2), ("a", "a"), "one distinct axis name"),
         ((4, 4), ("a", "b"), "needs 16 devices"),
@@ -89,9 +89,9 @@ class TestPlace:
         np.testing.assert_array_equal(np.asarray(x), np.arange(64.0).reshape(8, 8))
 
     @pytest.mark.parametrize("shape, spec, message", [
-        ((6, 8), P("a", None), "does not split evenly 4 ways"),
+        ((6, 8), P("a", None), "not divisible by 4"),
         ((8, 8), P(("a", "b"), None), None),  # 8 ways over a and b: fine
-        ((4, 8), P(("a", "b"), None), "does not split evenly 8 ways"),
+        ((4, 8), P(("a", "b"), None), "not divisible by 8"),
         ((8,), P("a", "b"), "names 2 dimensions"),
         ((8, 8), P("c"), "does not have"),
         ((8, 8), P("a", "a"), "uses a mesh axis twice"),
@@ -117,7 +117,7 @@ class TestPlace:
         ways = [dict(mesh.shape)[a] if a else 1 for a in (row_axis, col_axis)]
         values = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
         if rows % ways[0] or cols % ways[1]:
-            with pytest.raises(ValueError, match="does not split evenly"):
+            with pytest.raises(ValueError, match="not divisible"):
                 pt.place(values, mesh, spec)
         else:
             placed = pt.place(values, mesh, spec)
@@ -210,7 +210,7 @@ class TestComputationFollowsSharding:
         # a reduce-scatter would send half as much: the chapter's comparison
         rs = hlo.ring_bytes("reduce-scatter", op.buffer_bytes, op.group_size)
         assert 2 * rs == run.bytes_sent
-        assert "dynamic-slice" in pt.entry_computation(run.compiled.as_text())
+        assert "dynamic-slice" in hlo_text.entry_computation(run.compiled.as_text())
 
     def test_replicated_weights_exercise_2(self, shape):
         mesh = self.mesh(shape)
@@ -240,7 +240,7 @@ def test_matmul_results_are_correct_and_cases_are_checked():
                                    lhs @ np.ones((32, 16)), rtol=1e-5, err_msg=name)
     with pytest.raises(ValueError, match="unknown matmul case"):
         pt.matmul_partitioning("diagonal", mesh)
-    with pytest.raises(ValueError, match="axes 'a' and 'b'"):
+    with pytest.raises(ValueError, match="not an axis of the mesh"):
         pt.matmul_partitioning("rows x columns", mesh_of(8))
 
 
@@ -374,15 +374,15 @@ def test_lowered_program_carries_shardy_annotations():
 def test_entry_computation_and_lines_with():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     text = jax.jit(pt.column_sums).lower(square(mesh, P("a", "b"))).compile().as_text()
-    entry = pt.entry_computation(text)
+    entry = hlo_text.entry_computation(text)
     assert entry.startswith("ENTRY") and entry.rstrip().endswith("}")
     assert "metadata=" not in entry and "FileNames" not in entry
-    (line,) = pt.lines_with(entry, " all-reduce(")
+    (line,) = hlo_text.lines_with(entry, " all-reduce(")
     assert "replica_groups" in line
     with pytest.raises(ValueError, match="at least one"):
-        pt.lines_with(entry)
+        hlo_text.lines_with(entry)
     with pytest.raises(ValueError, match="no ENTRY"):
-        pt.entry_computation("HloModule m")
+        hlo_text.entry_computation("HloModule m")
 
 
 def test_cost_analysis_is_per_device():
@@ -419,7 +419,7 @@ def test_dataflow_marks_the_collectives():
     assert all(o in names for n in nodes for o in n.operands)
     assert [n.opcode for n in nodes if n.is_collective] == ["all-reduce"]
     (reduce,) = [n for n in nodes if n.is_collective]
-    assert reduce.shape == "f32[16,16]"
+    assert reduce.shape_text == "f32[16,16]"
     figure = pt.plot_dataflow(f, lhs, rhs, title="t")
     red = [p for p in figure.axes[0].patches if p.get_facecolor()[0] > 0.9
            and p.get_facecolor()[1] < 0.7]

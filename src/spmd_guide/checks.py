@@ -114,8 +114,8 @@ def divisible(what: str, size: int, divisor: int, *, why: str = "") -> None:
     if size % divisor:
         reason = f" {why}" if why else ""
         raise InputError(
-            f"{what} = {size} must split into {divisor} equal parts{reason}, but {size} is "
-            f"not divisible by {divisor}. Use a multiple of {divisor}.")
+            f"{what} is {size}, which does not split into {divisor} equal parts{reason}: "
+            f"{size} is not divisible by {divisor}. Use a multiple of {divisor}.")
 
 
 # --------------------------------------------------------------------------- JAX values

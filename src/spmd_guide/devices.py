@@ -9,6 +9,7 @@ to fix a mismatch.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import platform as _platform
 from dataclasses import dataclass
@@ -39,9 +40,14 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
     create ``n`` CPU devices that share the host's cores (good for learning
     and testing layouts, not for measuring speedups).
 
-    Raises ``ValueError`` for a non-positive ``n`` and ``RuntimeError`` when
-    the devices cannot be had: fewer accelerators than ``n``, or JAX already
-    started with a different number of CPU devices.
+    ``n`` is any positive integer (NumPy integers too) up to
+    ``checks.MAX_DEVICES``. The request is made with the ``jax_num_cpu_devices``
+    option, which on JAX 0.10 takes precedence over an
+    ``XLA_FLAGS=--xla_force_host_platform_device_count`` setting.
+
+    Raises ``ValueError`` for a bad ``n`` and ``RuntimeError`` when the devices
+    cannot be had: fewer accelerators than ``n``, or JAX already started with a
+    different number of CPU devices.
     """
     n = checks.count("ensure_devices(n)", n, maximum=checks.MAX_DEVICES)
     requested = _request_cpu_devices(n)
@@ -58,15 +64,13 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
         return devices[:n]
     if len(devices) != n:
         why = ("JAX's backends had already started" if not requested else
-               "the XLA_FLAGS setting --xla_force_host_platform_device_count"
-               " overrides it")
+               "another setting decided the count")
         raise RuntimeError(
             f"JAX is running with {len(devices)} CPU device(s), but this code"
             f" needs {n}: {why}. The CPU device count is fixed when JAX"
             f" starts, so call spmd_guide.ensure_devices({n}) before any"
             " other JAX operation -- in a notebook, restart the kernel and"
-            " run it in the first cell -- or start Python with"
-            f" XLA_FLAGS=--xla_force_host_platform_device_count={n}."
+            " run it in the first cell."
         )
     return devices
 
@@ -134,7 +138,9 @@ def build_mesh(shape: object, names: object, *, devices: object = None,
     use) or ``"explicit"`` (shardings are part of the types, ``jax.make_mesh``'s default
     since JAX 0.9). ``devices`` defaults to ``jax.devices()``.
     """
-    shape = checks.counts("mesh shape", (shape,) if isinstance(shape, int) else shape)
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    shape = checks.counts("mesh shape", shape)
     if isinstance(names, str) or not isinstance(names, (tuple, list)):
         raise checks.InputTypeError(
             f"mesh axis names must be a tuple of strings such as ('data', 'model'), got "

@@ -1,8 +1,9 @@
-"""Presenting results on a page: tables that render in HTML and as text, and caught errors.
+"""The book's one presentation layer: tables, HTML snippets, fonts, and caught errors.
 
+Every table on a page is a :class:`Table`: HTML in a notebook, plain text with ``str()``.
 The book shows some errors on purpose (a sharding that does not divide, a matmul whose
-contracting dimensions disagree). :func:`error_of` runs the failing call and returns the
-error as one wrapped line of text, so the page shows the message, never a traceback.
+contracting dimensions disagree); :func:`error_of` runs the failing call and returns the
+error as wrapped text, so the page shows the message, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,40 +13,98 @@ import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from spmd_guide import checks
 
-_MONO = "font-family:ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace;"
+#: The font stacks of everything the package draws or prints as HTML.
+FONT = "system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif"
+MONO = "ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace"
+
+_ALIGNS = ("left", "right")
+
+
+class Html(str):
+    """A string of HTML that a notebook displays as HTML (and ``str()`` leaves as is)."""
+
+    def _repr_html_(self) -> str:
+        return str(self)
 
 
 class Table:
-    """Rows of a table that display as HTML in a notebook and as plain text with ``str()``."""
+    """Rows of a table that display as HTML in a notebook and as plain text with ``str()``.
 
-    def __init__(self, rows: Sequence[Mapping[str, Any]]):
+    ``rows`` are mappings with the same keys (the column headers, in the first row's order).
+    ``align`` maps a header to ``"left"`` or ``"right"`` (default left); ``bold_last`` sets
+    the last row in bold (a total). Cells keep their line breaks; short cells never wrap.
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], *, title: str = "",
+                 align: Mapping[str, str] | None = None, bold_last: bool = False):
+        if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+            raise checks.InputTypeError(
+                f"rows must be a list of dicts (one per row), got {type(rows).__name__}.")
         if not rows:
-            raise ValueError("a table needs at least one row.")
+            raise checks.InputError("a table needs at least one row.")
+        if not all(isinstance(r, Mapping) for r in rows):
+            raise checks.InputTypeError("every row of a table must be a dict of column: value.")
         self.rows = [dict(r) for r in rows]
         self.headers = list(self.rows[0])
+        for i, row in enumerate(self.rows):
+            if list(row) != self.headers:
+                raise checks.InputError(
+                    f"row {i} has columns {list(row)}, but the table's columns are "
+                    f"{self.headers}: every row needs the same columns in the same order.")
+        self.align = dict(align or {})
+        for header, side in self.align.items():
+            checks.one_of("column", header, self.headers)
+            checks.one_of("alignment", side, _ALIGNS)
+        self.title = title
+        self.bold_last = checks.flag("bold_last", bold_last)
 
     def __str__(self) -> str:
         from tabulate import tabulate
 
-        return tabulate([[r[h] for h in self.headers] for r in self.rows], headers=self.headers)
+        text = tabulate([[r[h] for h in self.headers] for r in self.rows],
+                        headers=self.headers, disable_numparse=True,
+                        colalign=[self.align.get(h, "left") for h in self.headers])
+        return f"{self.title}\n{text}" if self.title else text
 
     def _repr_html_(self) -> str:
-        def cell(value: Any) -> str:
+        def cell(tag: str, value: Any, header: str, extra: str = "") -> str:
             lines = str(value).splitlines() or [""]
-            keep = "white-space:nowrap;" if max(map(len, lines)) <= 20 else ""
-            return (f'<td style="text-align:left;vertical-align:top;padding:2px 10px;'
-                    f'{keep}{_MONO}">{"<br>".join(map(html.escape, lines))}</td>')
+            keep = "white-space:nowrap;" if max(map(len, lines)) <= 24 else ""
+            side = self.align.get(header, "left")
+            return (f'<{tag} style="text-align:{side};vertical-align:top;padding:2px 10px;'
+                    f'{keep}{extra}">{"<br>".join(map(html.escape, lines))}</{tag}>')
 
-        head = "".join(f'<th style="text-align:left;padding:2px 10px">{html.escape(h)}</th>'
-                       for h in self.headers)
-        body = "".join("<tr>" + "".join(cell(r[h]) for h in self.headers) + "</tr>"
-                       for r in self.rows)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        head = "".join(cell("th", h, h) for h in self.headers)
+        body = []
+        for i, row in enumerate(self.rows):
+            bold = "font-weight:bold;" if self.bold_last and i == len(self.rows) - 1 else ""
+            body.append("<tr>" + "".join(
+                cell("td", row[h], h, f"font-family:{MONO};{bold}") for h in self.headers)
+                + "</tr>")
+        caption = (f'<caption style="text-align:left;font-weight:bold">'
+                   f"{html.escape(self.title)}</caption>") if self.title else ""
+        return (f"<table>{caption}<thead><tr>{head}</tr></thead>"
+                f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def stack(*parts: Any) -> Html:
+    """Several displayable things (tables, HTML, text) one below the other, as one HTML block."""
+    out = []
+    for part in parts:
+        if hasattr(part, "_repr_html_"):
+            out.append(part._repr_html_())
+        else:
+            out.append(f"<p>{html.escape(str(part))}</p>")
+    return Html("<div>" + "".join(out) + "</div>")
 
 
 def wrap(text: str, *, width: int = 76) -> str:
     """Fill each line of ``text`` to ``width`` columns (long words such as specs kept whole)."""
+    if not isinstance(text, str):
+        raise checks.InputTypeError(f"wrap needs a string, got {type(text).__name__}.")
+    width = checks.count("width", width, minimum=10)
     return "\n".join(
         textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
         for line in text.splitlines()
@@ -55,9 +114,11 @@ def wrap(text: str, *, width: int = 76) -> str:
 def error_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     """``"TypeName: message"`` of the exception ``fn(*args, **kwargs)`` raises.
 
-    For showing an error the book means to provoke; if ``fn`` does not raise, that is a bug
-    in the example, so this raises ``AssertionError`` rather than return something quietly.
+    For showing an error the book means to provoke. If ``fn`` is not callable, or does not
+    raise, that is a bug in the example, so this raises rather than return something that
+    looks like the example's error.
     """
+    checks.function("error_of(fn)", fn)
     try:
         fn(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the point is to show any error type

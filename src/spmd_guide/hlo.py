@@ -1,20 +1,11 @@
 """What the compiler did: the collectives in a compiled program, the bytes they move, the memory.
 
 ``jax.jit(fn).lower(*args).compile().as_text()`` is the optimized HLO that runs on each
-device. This module reads that text properly rather than grepping it:
-
-* It builds a name-to-shape table for every instruction of every computation, because an
-  op's operands appear by *name* (``all-reduce(%wrapped_reduce)``), not by shape.
-* It handles tuple-shaped ops (all-to-all's tuple form, or several arrays combined into one
-  all-reduce) and asynchronous pairs: ``all-gather-start``/``-done``,
-  ``all-reduce-start``/``-done`` and ``collective-permute-start``/``-done`` count once,
-  from the ``-start``.
-* It reads ``replica_groups`` in all three spellings: explicit lists
-  ``{{0,1,2,3},{4,5,6,7}}``, iota ``[2,4]<=[8]`` (or ``[2,4]<=[4,2]T(1,0)``), and the
-  partitioner's ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``; collective-permute has
-  ``source_target_pairs`` instead.
-* It scans only computations reachable from ``ENTRY`` (through ``calls=``, ``to_apply=``,
-  ``body=``, ``condition=``, branches, ...), each once, so no op is counted twice.
+device. :func:`compile` is the book's one compile step; :mod:`spmd_guide.hlo_text` is its one
+parser. From the parsed program this module lists the collectives, once each: asynchronous
+pairs (``all-gather-start``/``-done``, ``all-reduce-start``/``-done``,
+``collective-permute-start``/``-done``) count once, from the ``-start``, and tuple-shaped ops
+(all-to-all's tuple form, several arrays combined into one all-reduce) charge every operand.
 
 **The cost model** (``bytes_sent``: bytes that *one* device sends, ring algorithms, over a
 group of ``n`` devices):
@@ -42,9 +33,7 @@ Memory per device comes from ``compiled.memory_analysis()``; see :class:`MemoryS
 
 from __future__ import annotations
 
-import html
 import inspect
-import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -53,38 +42,34 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = [
-    "KINDS", "Buffer", "Collective", "MemoryStats", "Report", "collective_counts",
-    "collectives", "collectives_in_text", "communication_bytes", "compile", "compiled_text",
-    "format_bytes", "memory_per_device", "parse_replica_groups", "parse_shape", "report",
-    "ring_bytes",
-]
-
-KINDS: tuple[str, ...] = (
-    "all-gather",
-    "all-reduce",
-    "reduce-scatter",
-    "collective-permute",
-    "all-to-all",
+from spmd_guide import checks
+from spmd_guide.display import Table, stack
+from spmd_guide.hlo_text import (
+    _OPCODES,
+    KINDS,
+    Buffer,
+    Instruction,
+    Module,
+    _attribute_value,
+    _int_lists,
+    parse_module,
+    parse_replica_groups,
+    program_text,
+    reachable,
 )
-"""The five collective kinds this module counts, in a fixed order (the keys of the counts)."""
 
-# HLO opcode -> collective kind. The -done halves of async pairs are deliberately absent.
-_OPCODES: dict[str, str] = {
-    **{kind: kind for kind in KINDS},
-    "all-gather-start": "all-gather",
-    "all-reduce-start": "all-reduce",
-    "collective-permute-start": "collective-permute",
-}
-
+__all__ = [
+    "KINDS", "Collective", "MemoryStats", "Report", "collective_counts", "collectives",
+    "collectives_in_text", "communication_bytes", "compile", "compiled_text", "count_kinds",
+    "format_bytes", "memory_per_device", "report", "ring_bytes",
+]
 
 # --------------------------------------------------------------------------- formatting
 
 
 def format_bytes(n: float) -> str:
     """A byte count for humans, in binary units: ``512 B``, ``1.5 KiB``, ``2 MiB``."""
-    if n < 0:
-        raise ValueError(f"format_bytes needs a non-negative byte count, got {n}")
+    n = checks.real("format_bytes(n)", n, minimum=0)
     if n < 1024:
         return f"{int(n)} B"
     value = float(n)
@@ -94,306 +79,6 @@ def format_bytes(n: float) -> str:
             break
     text = f"{value:.1f}".rstrip("0").rstrip(".")
     return f"{text} {unit}"
-
-
-# --------------------------------------------------------------------------- shapes
-
-
-@dataclass(frozen=True)
-class Buffer:
-    """One array in an HLO shape: its element type (``f32``, ``bf16``, ...) and dimensions."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.ceil(math.prod(self.shape) * _dtype_bits(self.dtype) / 8)
-
-    def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
-
-
-_ARRAY_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([^\]]*)\]")
-
-
-def _dtype_bits(dtype: str) -> int:
-    """Bits per element of an HLO element type (``pred`` is stored as a byte)."""
-    if dtype == "pred":
-        return 8
-    if dtype in ("token", "opaque"):
-        return 0
-    match = re.match(r"[a-z]+(\d+)", dtype)
-    if not match:
-        raise ValueError(f"unknown HLO element type {dtype!r}")
-    return int(match.group(1))
-
-
-def parse_shape(text: str) -> tuple[Buffer, ...]:
-    """The arrays in an HLO shape, tuples flattened: ``(f32[4]{0}, s32[])`` -> two buffers.
-
-    Layouts (``{1,0}``) are ignored; a dynamic bound ``<=16`` counts as 16.
-    """
-    buffers = []
-    for dtype, dims in _ARRAY_SHAPE.findall(text):
-        sizes = tuple(int(d.strip().lstrip("<=")) for d in dims.split(",") if d.strip())
-        buffers.append(Buffer(dtype, sizes))
-    return tuple(buffers)
-
-
-# --------------------------------------------------------------------------- replica groups
-
-
-def _int_lists(text: str) -> list[list[int]]:
-    """``{{0,1},{2,3}}`` -> ``[[0, 1], [2, 3]]`` (also ``{}`` -> ``[]``)."""
-    return [[int(v) for v in inner.split(",") if v.strip()]
-            for inner in re.findall(r"\{([^{}]*)\}", text) if inner.strip()]
-
-
-def _iota(reshape: Sequence[int], transpose: Sequence[int] | None) -> np.ndarray:
-    devices = np.arange(math.prod(reshape)).reshape(tuple(reshape))
-    return devices.transpose(tuple(transpose)) if transpose is not None else devices
-
-
-_IOTA_GROUPS = re.compile(
-    r"^\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?$"
-)
-_MESH_GROUPS = re.compile(
-    r"^mesh\[(?P<axes>[^\]]*)\](?:,\s*device_ids=\((?P<ids>[^)]*(?:\([^)]*\))?[^)]*)\))?"
-    r"\s*\{(?P<grouped>[^}]*)\}$"
-)
-_MESH_AXIS = re.compile(r"^'?([^'=]+)'?=(\d+)$")
-_GROUP_AXIS = re.compile(r"^'?([^':]+)'?(?::\((\d+)\)(\d+))?$")
-
-
-def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def _mesh_groups(match: re.Match[str]) -> tuple[tuple[int, ...], ...]:
-    """Expand ``mesh[...] {axes}``: each group varies the named (sub-)axes, the rest fixed."""
-    names, sizes = [], []
-    for item in match["axes"].split(","):
-        axis = _MESH_AXIS.match(item.strip())
-        if not axis:
-            raise ValueError(f"cannot read mesh axis {item!r} in replica_groups")
-        names.append(axis.group(1))
-        sizes.append(int(axis.group(2)))
-    ids = match["ids"]
-    if ids is None:
-        devices = np.arange(math.prod(sizes))
-    else:
-        devices = _device_list(ids.strip(), math.prod(sizes))
-    grouped: list[tuple[str, int | None, int]] = []  # (axis, sub-axis pre-size, size)
-    for item in match["grouped"].split(","):
-        if not item.strip():
-            continue
-        ref = _GROUP_AXIS.match(item.strip())
-        if not ref or ref.group(1) not in names:
-            raise ValueError(f"replica_groups names axis {item!r}, not in mesh {names}")
-        if ref.group(2) is None:
-            grouped.append((ref.group(1), None, sizes[names.index(ref.group(1))]))
-        else:
-            grouped.append((ref.group(1), int(ref.group(2)), int(ref.group(3))))
-    # Split each axis into pieces: a sub-axis ":(pre)size" is the `size` devices that
-    # follow the `pre` major ones along that axis.
-    dims: list[int] = []
-    index_of: dict[tuple[str, int | None], int] = {}
-    for name, size in zip(names, sizes, strict=True):
-        subs = sorted((pre, sub) for n, pre, sub in grouped if n == name and pre is not None)
-        cursor = 1
-        for pre, sub in subs:
-            if pre > cursor:
-                dims.append(pre // cursor)
-            index_of[(name, pre)] = len(dims)
-            dims.append(sub)
-            cursor = pre * sub
-        if size % cursor:
-            raise ValueError(f"sub-axes of {name!r} (size {size}) do not divide it")
-        if cursor == 1:
-            index_of[(name, None)] = len(dims)
-            dims.append(size)
-        elif size // cursor > 1:
-            dims.append(size // cursor)
-    keep = [index_of[(name, pre)] for name, pre, _ in grouped]
-    rest = [i for i in range(len(dims)) if i not in keep]
-    group_size = math.prod(dims[i] for i in keep)
-    array = devices.reshape(dims).transpose(rest + keep).reshape(-1, group_size)
-    return tuple(tuple(int(d) for d in row) for row in array)
-
-
-def _device_list(text: str, count: int) -> np.ndarray:
-    """Device ids of a mesh, printed as an iota (``[4,2]T(1,0)``, optionally after
-    ``[dims]<=``) or as a list of ids (optionally after its ``[dims]``)."""
-    iota = re.match(r"^(?:\[[\d,]+\]<=)?\[([\d,]+)\](?:T\(([\d,]+)\))?$", text)
-    if iota:
-        perm = _ints(iota.group(2)) if iota.group(2) else None
-        devices = _iota(_ints(iota.group(1)), perm).reshape(-1)
-    else:
-        devices = np.array([int(v) for v in re.findall(r"\d+", re.sub(r"^\[[\d,]*\]", "", text))])
-    if devices.size != count:
-        raise ValueError(f"cannot read mesh device_ids=({text}) for {count} devices")
-    return devices
-
-
-def parse_replica_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """The device groups an HLO ``replica_groups=`` value names, in any of its three spellings.
-
-    >>> parse_replica_groups("{{0,2},{1,3}}")
-    ((0, 2), (1, 3))
-    >>> parse_replica_groups("[2,2]<=[2,2]T(1,0)")
-    ((0, 2), (1, 3))
-    >>> parse_replica_groups("mesh['a'=2,'b'=2] {'a'}")
-    ((0, 2), (1, 3))
-
-    ``{}`` (every device in one group) gives ``()``: the caller knows the device count.
-    """
-    text = text.strip()
-    if text.startswith("{"):
-        return tuple(tuple(group) for group in _int_lists(text))
-    iota = _IOTA_GROUPS.match(text)
-    if iota:
-        n_groups, size = int(iota.group(1)), int(iota.group(2))
-        perm = _ints(iota.group(4)) if iota.group(4) else None
-        devices = _iota(_ints(iota.group(3)), perm).reshape(n_groups, size)
-        return tuple(tuple(int(d) for d in row) for row in devices)
-    mesh = _MESH_GROUPS.match(text)
-    if mesh:
-        return _mesh_groups(mesh)
-    raise ValueError(f"cannot read replica_groups={text!r}")
-
-
-# --------------------------------------------------------------------------- HLO text
-
-
-@dataclass(frozen=True)
-class _Instruction:
-    name: str
-    result: tuple[Buffer, ...]
-    opcode: str
-    operands: tuple[str, ...]
-    attributes: str
-    line: str
-
-
-_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*)?\{\s*$")
-_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-
-
-def _balanced(text: str, start: int) -> int:
-    """Index just past the bracket group that opens at ``text[start]`` (quotes skipped)."""
-    closing = {"(": ")", "{": "}", "[": "]"}
-    stack: list[str] = []
-    i = start
-    while i < len(text):
-        c = text[i]
-        if c == '"':
-            i = text.find('"', i + 1)
-            if i < 0:
-                break
-        elif c in closing:
-            stack.append(closing[c])
-        elif stack and c == stack[-1]:
-            stack.pop()
-            if not stack:
-                return i + 1
-        i += 1
-    raise ValueError(f"unbalanced brackets in HLO line: {text[:200]}")
-
-
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are not nested in brackets."""
-    parts, depth, current = [], 0, []
-    for c in text:
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        if c == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(c)
-    if current:
-        parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
-
-
-def _parse_instruction(line: str) -> _Instruction | None:
-    match = _DEF.match(line)
-    if not match:
-        return None
-    name, rest = match.group(1), match.group(2).strip()
-    if rest.startswith("("):
-        end = _balanced(rest, 0)
-    else:
-        end = rest.find(" ")
-        if end < 0:
-            return None
-    shape_text, rest = rest[:end], rest[end:].strip()
-    op = re.match(r"([\w\-]+)\(", rest)
-    if not op:
-        return None
-    close = _balanced(rest, op.end() - 1)
-    operand_text = re.sub(r"/\*.*?\*/", "", rest[op.end():close - 1])
-    operands = tuple(
-        part.split()[-1].lstrip("%") for part in _split_top(operand_text) if part.split()
-    )
-    # Quoted strings (metadata, backend configs) are dropped so that no name or attribute
-    # written inside them is mistaken for a real one.
-    attributes = _QUOTED.sub('""', rest[close:])
-    return _Instruction(name, parse_shape(shape_text), op.group(1), operands, attributes,
-                        line.strip())
-
-
-@dataclass(frozen=True)
-class _Module:
-    computations: dict[str, list[_Instruction]]
-    entry: str
-    num_partitions: int
-    replica_count: int
-
-
-def _parse_module(text: str) -> _Module:
-    computations: dict[str, list[_Instruction]] = {}
-    entry, current = None, None
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        header = _HEADER.match(line)
-        if header and not line.startswith(" ") and "=" not in line.split("(")[0]:
-            current = header.group(2)
-            computations[current] = []
-            if header.group(1):
-                entry = current
-            continue
-        if line.strip() == "}":
-            current = None
-            continue
-        if current is not None:
-            instruction = _parse_instruction(line)
-            if instruction is not None:
-                computations[current].append(instruction)
-    if entry is None:
-        raise ValueError("no ENTRY computation in the HLO text")
-    partitions = re.search(r"num_partitions=(\d+)", text)
-    replicas = re.search(r"replica_count=(\d+)", text)
-    return _Module(computations, entry, int(partitions.group(1)) if partitions else 1,
-                   int(replicas.group(1)) if replicas else 1)
-
-
-def _reachable(module: _Module) -> list[str]:
-    """Computations reachable from ENTRY, each once, in discovery order."""
-    order, todo, seen = [], [module.entry], {module.entry}
-    while todo:
-        name = todo.pop()
-        order.append(name)
-        for instruction in module.computations[name]:
-            for called in re.findall(r"%?([\w.\-]+)", instruction.attributes):
-                if called in module.computations and called not in seen:
-                    seen.add(called)
-                    todo.append(called)
-    return order
 
 
 # --------------------------------------------------------------------------- collectives
@@ -456,18 +141,16 @@ def ring_bytes(kind: str, buffer_bytes: int, group_size: int) -> int:
     ``buffer_bytes`` is the full buffer (gathered output for all-gather, input for
     reduce-scatter, the operand for the others).
     """
-    if kind not in KINDS:
-        raise ValueError(f"unknown collective kind {kind!r}; expected one of {KINDS}")
-    n = group_size
-    if n < 1:
-        raise ValueError(f"group size must be at least 1, got {n}")
+    checks.one_of("collective kind", kind, KINDS)
+    buffer_bytes = checks.count("buffer_bytes", buffer_bytes, minimum=0)
+    n = checks.count("group_size", group_size)
     if kind == "collective-permute":
         return buffer_bytes
     factor = 2 if kind == "all-reduce" else 1
     return factor * (n - 1) * buffer_bytes // n
 
 
-def _replica_groups(instruction: _Instruction, module: _Module
+def _replica_groups(instruction: Instruction, module: Module
                     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
     """(group size, groups) of a collective; ``{}`` or no groups means one group of all."""
     attrs = instruction.attributes
@@ -491,20 +174,6 @@ def _replica_groups(instruction: _Instruction, module: _Module
     return module.replica_count, ()
 
 
-def _attribute_value(attrs: str, start: int) -> str:
-    """The text of an attribute value starting at ``start`` (up to the next top-level comma)."""
-    depth = 0
-    for i in range(start, len(attrs)):
-        c = attrs[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            return attrs[start:i]
-    return attrs[start:]
-
-
 def _largest_cycle(pairs: Sequence[Sequence[int]]) -> int:
     """Devices in the largest connected set of a permute's pairs (a ring of n gives n)."""
     parent: dict[int, int] = {}
@@ -522,8 +191,8 @@ def _largest_cycle(pairs: Sequence[Sequence[int]]) -> int:
     return max(sizes.values(), default=1)
 
 
-def _collective(instruction: _Instruction, computation: str, table: dict[str, _Instruction],
-                module: _Module) -> Collective:
+def _collective(instruction: Instruction, computation: str, table: dict[str, Instruction],
+                module: Module) -> Collective:
     kind = _OPCODES[instruction.opcode]
     operands: list[Buffer] = []
     for operand in instruction.operands:
@@ -560,11 +229,12 @@ def _collective(instruction: _Instruction, computation: str, table: dict[str, _I
                       groups, instruction.line)
 
 
-def collectives_in_text(text: str) -> list[Collective]:
-    """Every collective op in an HLO module's text, once each, in program order."""
-    module = _parse_module(text)
+def collectives_in_text(text: str | jax.stages.Compiled) -> list[Collective]:
+    """Every collective op in an HLO module's text (or compiled program), once each, in
+    program order."""
+    module = parse_module(program_text(text))
     found = []
-    for computation in _reachable(module):
+    for computation in reachable(module):
         instructions = module.computations[computation]
         table = {i.name: i for i in instructions}
         for instruction in instructions:
@@ -576,7 +246,8 @@ def collectives_in_text(text: str) -> list[Collective]:
 # --------------------------------------------------------------------------- compiling
 
 
-def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...]) -> Any:
+def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...],
+             compiler_options: dict[str, Any] | None = None) -> Any:
     """Compile ``fn`` (plain, jitted, or already lowered/compiled) on ``args``.
 
     ``args`` are arrays or ``jax.ShapeDtypeStruct(shape, dtype, sharding=...)``: the latter
@@ -586,12 +257,26 @@ def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...]) -> Any:
     if isinstance(fn, jax.stages.Compiled):
         return fn
     if isinstance(fn, jax.stages.Lowered):
-        return fn.compile()
+        return fn.compile(compiler_options)
     if not callable(fn):
-        raise TypeError(f"expected a function (plain or jitted), got {type(fn).__name__}")
+        raise checks.InputTypeError(
+            f"expected a function (plain or jitted) to compile, got {type(fn).__name__}.")
     _check_arguments(fn, args)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return jitted.lower(*args).compile()
+    try:
+        lowered = jitted.lower(*args)
+    except TypeError as error:
+        if "not a valid JAX type" not in str(error):
+            raise
+        kinds = sorted({type(a).__name__ for a in jax.tree.leaves(args)
+                        if not isinstance(a, (jax.Array, np.ndarray, np.generic, int, float,
+                                              complex, bool, jax.ShapeDtypeStruct))})
+        raise checks.InputTypeError(
+            f"cannot compile {getattr(fn, '__name__', 'fn')}: its arguments must be arrays "
+            f"(got {', '.join(kinds) or 'a non-array'}). Bind non-array arguments with "
+            "functools.partial, e.g. collective_counts(functools.partial(f, axis='x'), x)."
+        ) from None
+    return lowered.compile(compiler_options)
 
 
 def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -610,11 +295,13 @@ def _check_arguments(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         ) from None
 
 
-def compile(fn: Callable[..., Any], *args: Any) -> jax.stages.Compiled:  # noqa: A001
+def compile(fn: Callable[..., Any], *args: Any,  # noqa: A001
+            compiler_options: dict[str, Any] | None = None) -> jax.stages.Compiled:
     """The one compile step of the book: ``fn`` (plain, jitted, lowered or compiled) on
     ``args``, as a ``jax.stages.Compiled`` (ask it ``.as_text()``, ``.memory_analysis()``,
-    ``.cost_analysis()``). ``args`` may be ``jax.ShapeDtypeStruct``s."""
-    return _compile(fn, args)
+    ``.cost_analysis()``). ``args`` may be ``jax.ShapeDtypeStruct``s; ``compiler_options``
+    go to XLA (e.g. ``{"xla_dump_to": "dir"}``)."""
+    return _compile(fn, args, compiler_options)
 
 
 def compiled_text(fn: Callable[..., Any], *args: Any) -> str:
@@ -627,7 +314,8 @@ def collectives(fn: Callable[..., Any], *args: Any) -> list[Collective]:
     return collectives_in_text(compiled_text(fn, *args))
 
 
-def _counts(ops: Iterable[Collective]) -> dict[str, int]:
+def count_kinds(ops: Iterable[Collective]) -> dict[str, int]:
+    """How many of ``ops`` are of each kind; all five keys of :data:`KINDS` always present."""
     counts = dict.fromkeys(KINDS, 0)
     for op in ops:
         counts[op.kind] += 1
@@ -636,7 +324,7 @@ def _counts(ops: Iterable[Collective]) -> dict[str, int]:
 
 def collective_counts(fn: Callable[..., Any], *args: Any) -> dict[str, int]:
     """How many ops of each kind the compiled program holds; all five keys always present."""
-    return _counts(collectives(fn, *args))
+    return count_kinds(collectives(fn, *args))
 
 
 def communication_bytes(fn: Callable[..., Any], *args: Any) -> int:
@@ -651,10 +339,12 @@ def communication_bytes(fn: Callable[..., Any], *args: Any) -> int:
 class MemoryStats:
     """Memory one device needs for a compiled program, from ``compiled.memory_analysis()``.
 
-    ``peak_bytes`` is an upper-bound estimate: arguments + outputs - aliased (donated)
-    bytes + temporaries, as if all were live at once. ``xla_peak_bytes`` is XLA's own
-    ``peak_memory_in_bytes`` where the backend reports it (0 otherwise); it comes from the
-    buffer assignment's live ranges and can be lower than the bound.
+    ``peak_bytes`` is XLA's own ``peak_memory_in_bytes``: the most bytes live at once
+    under the compiler's buffer assignment (arguments, outputs and temporaries with their
+    live ranges). Where a backend does not report it, it falls back to ``bound_bytes``, the
+    upper bound arguments + outputs - aliased (donated) bytes + temporaries, as if all were
+    live at once. Compare ``peak_bytes`` across programs; the bound over-counts whatever the
+    compiler frees early or reuses.
     """
 
     argument_bytes: int
@@ -665,8 +355,12 @@ class MemoryStats:
     xla_peak_bytes: int
 
     @property
-    def peak_bytes(self) -> int:
+    def bound_bytes(self) -> int:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.xla_peak_bytes or self.bound_bytes
 
     def as_rows(self) -> list[tuple[str, int, str]]:
         """``(what, bytes, human-readable)`` rows for a table."""
@@ -676,7 +370,8 @@ class MemoryStats:
             ("aliased (donated)", self.alias_bytes),
             ("temporaries", self.temp_bytes),
             ("generated code", self.generated_code_bytes),
-            ("peak estimate (args + outputs - aliased + temps)", self.peak_bytes),
+            ("peak (XLA buffer assignment)", self.peak_bytes),
+            ("upper bound (args + outputs - aliased + temps)", self.bound_bytes),
         ]
         return [(what, n, format_bytes(n)) for what, n in items]
 
@@ -716,64 +411,41 @@ class Report:
 
     @property
     def counts(self) -> dict[str, int]:
-        return _counts(self.ops)
+        return count_kinds(self.ops)
 
     @property
     def total_bytes(self) -> int:
         return sum(op.bytes_sent for op in self.ops)
 
-    def _op_rows(self) -> list[list[str]]:
-        rows = [[op.kind, op.shape_text, str(op.group_size), format_bytes(op.bytes_sent)]
-                for op in self.ops]
-        n = len(self.ops)
-        total = ["total", f"{n} op" if n == 1 else f"{n} ops", "", format_bytes(self.total_bytes)]
-        return rows + [total]
-
-    def _summary(self) -> str:
+    def summary(self) -> str:
+        """One line: the collectives by kind and the bytes one device sends."""
         used = ", ".join(f"{n} {kind}" for kind, n in self.counts.items() if n) or "none"
         return f"collectives: {used}; bytes sent per device: {format_bytes(self.total_bytes)}"
 
-    def __str__(self) -> str:
-        from tabulate import tabulate
-
-        parts = [self.title] if self.title else []
+    def tables(self) -> list[Any]:
+        """The report as display parts: the ops table (if any), the summary, the memory."""
+        parts: list[Any] = []
         if self.ops:
-            parts.append(tabulate(self._op_rows(),
-                                  headers=["op", "buffer", "group", "sent per device"],
-                                  colalign=("left", "left", "right", "right")))
-        parts.append(self._summary())
-        parts.append(tabulate([(w, h) for w, _, h in self.memory.as_rows()],
-                              headers=["memory per device", ""], colalign=("left", "right")))
-        return "\n\n".join(parts)
+            n = len(self.ops)
+            rows = [{"op": op.kind, "buffer": op.shape_text, "group": str(op.group_size),
+                     "sent per device": format_bytes(op.bytes_sent)} for op in self.ops]
+            rows.append({"op": "total", "buffer": f"{n} op" if n == 1 else f"{n} ops",
+                         "group": "", "sent per device": format_bytes(self.total_bytes)})
+            parts.append(Table(rows, title=self.title, bold_last=True,
+                               align={"group": "right", "sent per device": "right"}))
+        elif self.title:
+            parts.append(self.title)
+        parts.append(self.summary())
+        parts.append(Table([{"memory per device": what, "bytes": human}
+                            for what, _, human in self.memory.as_rows()],
+                           align={"bytes": "right"}))
+        return parts
+
+    def __str__(self) -> str:
+        return "\n\n".join(str(part) for part in self.tables())
 
     def _repr_html_(self) -> str:
-        esc = html.escape
-        cell = 'style="padding:2px 10px;text-align:{}"'
-        out = ['<div class="spmd-hlo-report">']
-        if self.title:
-            out.append(f"<p><strong>{esc(self.title)}</strong></p>")
-        if self.ops:
-            out.append("<table><thead><tr>")
-            for head, align in (("op", "left"), ("buffer", "left"), ("group", "right"),
-                                ("sent per device", "right")):
-                out.append(f"<th {cell.format(align)}>{head}</th>")
-            out.append("</tr></thead><tbody>")
-            rows = self._op_rows()
-            for i, row in enumerate(rows):
-                total = ' style="font-weight:bold"' if i == len(rows) - 1 else ""
-                out.append(f"<tr{total}>" + "".join(
-                    f"<td {cell.format(a)}>{esc(v)}</td>"
-                    for v, a in zip(row, ("left", "left", "right", "right"), strict=True)
-                ) + "</tr>")
-            out.append("</tbody></table>")
-        out.append(f"<p>{esc(self._summary())}</p>")
-        out.append(f"<table><thead><tr><th {cell.format('left')}>memory per device</th>"
-                   f"<th {cell.format('right')}></th></tr></thead><tbody>")
-        for what, _, human in self.memory.as_rows():
-            out.append(f"<tr><td {cell.format('left')}>{esc(what)}</td>"
-                       f"<td {cell.format('right')}>{esc(human)}</td></tr>")
-        out.append("</tbody></table></div>")
-        return "".join(out)
+        return stack(*self.tables())._repr_html_()
 
 
 def report(fn: Callable[..., Any], *args: Any, title: str = "") -> Report:

@@ -10,8 +10,7 @@ of those side by side.
 
 from __future__ import annotations
 
-import math
-import re
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,45 +19,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo
+from spmd_guide import checks, hlo
+from spmd_guide.devices import build_mesh
 from spmd_guide.display import Table
+from spmd_guide.hlo_text import Instruction, entry_instructions
 from spmd_guide.timing import Timing, time_fn
 
 # --------------------------------------------------------------------------- meshes and arrays
 
 
-def auto_mesh(shape: Sequence[int], names: Sequence[str], *,
+def auto_mesh(shape: Sequence[int] | int, names: Sequence[str], *,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A mesh whose axes are all Auto: the compiler picks what you leave open.
 
     ``jax.make_mesh`` makes Explicit axes by default. ``devices`` defaults to
-    the first ``prod(shape)`` of ``jax.devices()``.
+    the first ``prod(shape)`` of ``jax.devices()`` (:func:`spmd_guide.devices.build_mesh`).
     """
-    shape, names = tuple(shape), tuple(names)
-    if not shape or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                        for s in shape):
-        raise ValueError(f"mesh shape must be positive ints, got {shape}.")
-    if len(names) != len(shape) or len(set(names)) != len(names):
-        raise ValueError(f"need one distinct axis name per mesh dimension: "
-                         f"shape {shape}, names {names}.")
-    available = list(jax.devices() if devices is None else devices)
-    size = math.prod(shape)
-    if size > len(available):
-        raise ValueError(
-            f"a {shape} mesh needs {size} devices, but {len(available)} were "
-            f"given; call spmd_guide.ensure_devices({size}) first.")
-    auto = (AxisType.Auto,) * len(shape)
-    return jax.make_mesh(shape, names, axis_types=auto,
-                         devices=available[:size])
-
-
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    """Mesh axes one entry of a PartitionSpec names: None, 'x' or ('x', 'y')."""
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+    return build_mesh(shape, names, devices=devices, axis_types="auto")
 
 
 def place(array: Any, mesh: Mesh, spec: P) -> jax.Array:
@@ -67,24 +47,9 @@ def place(array: Any, mesh: Mesh, spec: P) -> jax.Array:
     A dimension sharded over mesh axes of total size ``n`` must be divisible by ``n``:
     the examples in this book teach even layouts, so an uneven one is an error here.
     """
-    shape = np.shape(array)
-    if len(spec) > len(shape):
-        raise ValueError(f"{spec} names {len(spec)} dimensions, but the array has shape {shape}.")
-    used = [a for entry in spec for a in _axes_of(entry)]
-    if len(set(used)) != len(used):
-        raise ValueError(f"{spec} uses a mesh axis twice; each axis can split one dimension.")
-    for dim, entry in enumerate(spec):
-        axes = _axes_of(entry)
-        unknown = [a for a in axes if a not in mesh.shape]
-        if unknown:
-            raise ValueError(f"{spec} names mesh axes {unknown} that the mesh "
-                             f"{dict(mesh.shape)} does not have.")
-        ways = math.prod(mesh.shape[a] for a in axes)
-        if shape[dim] % ways:
-            raise ValueError(
-                f"dimension {dim} of shape {shape} has size {shape[dim]}, which does not split "
-                f"evenly {ways} ways over mesh axes {axes}; pick a size divisible by {ways}."
-            )
+    array = checks.array("array", array)
+    checks.mesh("mesh", mesh)
+    checks.spec_fits("the array", np.shape(array), spec, mesh)
     return jax.device_put(array, NamedSharding(mesh, spec))
 
 
@@ -129,6 +94,9 @@ def resharded_sine(
 
 def spec_text(spec: P) -> str:
     """``P('a', None)`` with trailing ``None`` entries dropped (they mean the same layout)."""
+    if not isinstance(spec, P):
+        raise checks.InputTypeError(
+            f"spec_text needs a PartitionSpec such as P('x', None), got {spec!r:.60}.")
     entries = list(spec)
     while entries and entries[-1] is None:
         entries.pop()
@@ -136,7 +104,13 @@ def spec_text(spec: P) -> str:
 
 
 def sharding_text(sharding: jax.sharding.Sharding | None) -> str:
-    """A sharding as its PartitionSpec (``P('a', 'b')``); any fully replicated one as ``P()``."""
+    """A sharding as its PartitionSpec (``P('a', 'b')``); any fully replicated one as ``P()``;
+    a PartitionSpec as itself; ``None`` (no sharding) as ``-``."""
+    if isinstance(sharding, P):
+        return spec_text(sharding)
+    if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+        raise checks.InputTypeError(
+            f"sharding_text needs a jax.sharding.Sharding, got {type(sharding).__name__}.")
     if isinstance(sharding, NamedSharding):
         return spec_text(sharding.spec)
     if sharding is not None and getattr(sharding, "is_fully_replicated", False):
@@ -169,10 +143,7 @@ class Partitioning:
 
     @property
     def counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(hlo.KINDS, 0)
-        for op in self.ops:
-            counts[op.kind] += 1
-        return counts
+        return hlo.count_kinds(self.ops)
 
     @property
     def bytes_sent(self) -> int:
@@ -197,13 +168,12 @@ class Partitioning:
 
 def partitioning(fn: Callable[..., Any], *args: Any, what: str | None = None) -> Partitioning:
     """Compile ``fn`` (jitted or not) on ``args`` once and say how it was partitioned."""
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    compiled = jitted.lower(*args).compile()
+    compiled = hlo.compile(fn, *args)
     out = compiled.output_shardings
     if not isinstance(out, jax.sharding.Sharding):
         leaves = jax.tree.leaves(out)
         if len(leaves) != 1:
-            raise ValueError(f"partitioning() reads functions with one array output; "
+            raise checks.InputError(f"partitioning() reads functions with one array output; "
                              f"{getattr(fn, '__name__', 'fn')} returns {len(leaves)}.")
         out = leaves[0]
     return Partitioning(
@@ -243,10 +213,10 @@ MATMUL_CASES: dict[str, MatmulCase] = {
 def matmul_partitioning(name: str, mesh: Mesh, *, m: int = 16, k: int = 32,
                         n: int = 16) -> Partitioning:
     """Place an ``(m, k) @ (k, n)`` product as :data:`MATMUL_CASES` ``[name]`` says; compile it."""
-    if name not in MATMUL_CASES:
-        raise ValueError(f"unknown matmul case {name!r}; choose one of {list(MATMUL_CASES)}.")
-    if not {"a", "b"} <= set(mesh.axis_names):
-        raise ValueError(f"matmul cases need a mesh with axes 'a' and 'b', got {mesh.axis_names}.")
+    checks.one_of("matmul case", name, MATMUL_CASES)
+    checks.axis(mesh, "a", name="the mesh's first axis")
+    checks.axis(mesh, "b", name="the mesh's second axis")
+    m, k, n = (checks.count(label, v) for label, v in (("m", m), ("k", k), ("n", n)))
     case = MATMUL_CASES[name]
     lhs = place(jnp.arange(m * k, dtype=jnp.float32).reshape(m, k) / (m * k), mesh, case.lhs)
     rhs = place(jnp.ones((k, n), jnp.float32), mesh, case.rhs)
@@ -267,9 +237,10 @@ def single_vs_sharded(fn: Callable[..., Any], arrays: Sequence[Any], mesh: Mesh,
     The single-device run uses the mesh's first device. Both runs compile first (untimed)
     and wait for their results, so the comparison is of steady-state calls.
     """
+    checks.function("fn", fn)
     if len(arrays) != len(specs):
-        raise ValueError(f"need one PartitionSpec per array: {len(arrays)} arrays, "
-                         f"{len(specs)} specs.")
+        raise checks.InputError(f"need one PartitionSpec per array: {len(arrays)} arrays, "
+                                f"{len(specs)} specs.")
     name = label or getattr(fn, "__name__", "fn")
     jitted = jax.jit(fn)
     first = mesh.devices.flat[0]
@@ -302,39 +273,6 @@ def result_types(ops: Mapping[str, Callable[..., Any]], *args: Any) -> Table:
 # --------------------------------------------------------------------------- under the hood
 
 
-def lines_with(text: str, *needles: str) -> list[str]:
-    """The stripped lines of ``text`` that contain any of ``needles`` (e.g. collective names)."""
-    if not needles:
-        raise ValueError("lines_with needs at least one string to look for.")
-    return [line.strip() for line in text.splitlines() if any(n in line for n in needles)]
-
-
-# ", metadata={...}" and friends: a value in braces (one level of nesting) or in quotes
-_NOISE = re.compile(
-    r",\s*(?:metadata|backend_config|frontend_attributes)="
-    r"(?:\{(?:[^{}]|\{[^{}]*\})*\}|\"[^\"]*\")"
-)
-
-
-def entry_computation(text: str) -> str:
-    """The ``ENTRY`` computation of compiled HLO text, without metadata and backend configs.
-
-    This is the per-device program's top level, short enough to read; the fused
-    computations it calls and the source-location tables are left out.
-    """
-    lines, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("ENTRY"):
-            inside = True
-        if inside:
-            lines.append(_NOISE.sub("", line))
-            if line.startswith("}"):
-                break
-    if not lines:
-        raise ValueError("no ENTRY computation found in the HLO text.")
-    return "\n".join(lines)
-
-
 def dump_dot(fn: Callable[..., Any], *args: Any,
              directory: str | Path) -> list[Path]:
     """Compile ``fn`` on ``args`` with XLA's dump on; return the .dot files.
@@ -346,57 +284,22 @@ def dump_dot(fn: Callable[..., Any], *args: Any,
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     before = set(directory.glob("*.dot"))
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    jitted.lower(*args).compile(compiler_options={
+    hlo.compile(fn, *args, compiler_options={
         "xla_dump_to": str(directory),
         "xla_dump_hlo_as_dot": True,
     })
     return sorted(set(directory.glob("*.dot")) - before)
 
 
-@dataclass(frozen=True)
-class Node:
-    """One instruction of a compiled program's entry computation."""
-
-    name: str
-    opcode: str
-    shape: str
-    operands: tuple[str, ...]
-
-    @property
-    def is_collective(self) -> bool:
-        return self.opcode.removesuffix("-start") in hlo.KINDS
-
-
-_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\([^=]*?\)|\S+)\s+"
-    r"(?P<opcode>[\w\-]+)\((?P<operands>[^)]*)\)"
-)
-
-
-def entry_dataflow(text: str) -> list[Node]:
-    """The instructions of the ``ENTRY`` computation of compiled HLO text, in program order.
-
-    Enough to draw the top-level dataflow; fused computations appear as one ``fusion`` node.
-    """
-    nodes, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("ENTRY"):
-            inside = True
-            continue
-        if inside and line.startswith("}"):
-            break
-        if not inside:
-            continue
-        match = _INSTRUCTION.match(line)
-        if match:
-            defined = {node.name for node in nodes}  # drops literals: parameter(0), constant(1)
-            operands = tuple(name for part in match["operands"].split(",") if part.split()
-                             if (name := part.split()[-1].lstrip("%")) in defined)
-            nodes.append(Node(match["name"], match["opcode"], match["shape"].split("{")[0],
-                              operands))
-    if not nodes:
-        raise ValueError("no ENTRY computation found in the HLO text.")
+def entry_dataflow(text: str | jax.stages.Compiled) -> list[Instruction]:
+    """The instructions of the entry computation with only the operands it defines (literal
+    operands such as ``parameter(0)``'s ``0`` dropped): the edges of its dataflow graph."""
+    nodes: list[Instruction] = []
+    defined: set[str] = set()
+    for instruction in entry_instructions(text):
+        operands = tuple(o for o in instruction.operands if o in defined)
+        nodes.append(dataclasses.replace(instruction, operands=operands))
+        defined.add(instruction.name)
     return nodes
 
 
@@ -417,7 +320,7 @@ def plot_dataflow(fn: Callable[..., Any], *args: Any, title: str | None = None):
         users = [depth[u.name] for u in nodes if node.name in u.operands]
         if not node.operands and users:
             depth[node.name] = min(users) - 1
-    levels: dict[int, list[Node]] = {}
+    levels: dict[int, list[Instruction]] = {}
     for node in nodes:
         levels.setdefault(depth[node.name], []).append(node)
     width = max(len(v) for v in levels.values())
@@ -432,7 +335,7 @@ def plot_dataflow(fn: Callable[..., Any], *args: Any, title: str | None = None):
             colour = "#f4a6a6" if node.is_collective else "#dbe8f6"
             ax.add_patch(FancyBboxPatch((x - box_w / 2, y - box_h / 2), box_w, box_h,
                                         boxstyle="round,pad=0.02", fc=colour, ec="#555"))
-            ax.text(x, y, f"{node.opcode}\n{node.shape}", ha="center", va="center", fontsize=8)
+            ax.text(x, y, f"{node.opcode}\n{node.shape_text}", ha="center", va="center", fontsize=8)
     for node in nodes:
         for operand in node.operands:
             if operand in where:

@@ -1,16 +1,18 @@
-"""Ways to train the MLP of :mod:`spmd_guide.nn` on many devices, all behind one interface.
+"""Ways to train the MLP of :mod:`spmd_guide.mlp` on many devices, all behind one interface.
 
 A :class:`Strategy` answers three questions, so one training loop can run any of them::
 
     strategy = STRATEGIES["dp"]
-    mesh = strategy.mesh(jax.devices())              # which devices, which named axes
+    mesh = strategy.mesh(jax.devices())                  # which devices, which named axes
     params, batch = strategy.shard(params, batch, mesh)  # where each array lives
-    loss_fn = strategy.loss(mesh)                    # loss_fn(params, batch) -> scalar
-    step = nn.make_sgd_step(loss_fn, learning_rate=0.01)
-    params, loss = step(params, batch)               # layouts stay as shard() made them
+    loss_fn = strategy.loss(mesh)                        # loss_fn(params, batch) -> scalar
+    step = strategy.sgd_step(mesh, params, learning_rate=0.01)
+    params, loss = step(params, batch)                   # layouts stay as shard() made them
 
-``loss_fn`` and its gradient equal :func:`spmd_guide.nn.mlp_loss` on one device (up to float
-rounding); only where the arithmetic runs and which collectives move data differ.
+``loss_fn`` and its gradient equal :func:`spmd_guide.mlp.mlp_loss` on one device (up to
+float rounding); only where the arithmetic runs and which collectives move data differ. The
+gradients come out in the parameters' own shardings, and ``sgd_step`` pins the updated
+parameters to them, so a layout never drifts from one step to the next.
 
 Two families:
 
@@ -28,21 +30,18 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.extend.core import jaxprs_in_params, subjaxprs
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo
-from spmd_guide.nn import Batch, LossFn, Params, make_sgd_step, mlp_loss, param_bytes_per_device
-from spmd_guide.timing import Timing, time_fn
+from spmd_guide import checks
+from spmd_guide.devices import build_mesh
+from spmd_guide.mlp import Batch, LossFn, Params, check_batch, check_params, make_sgd_step, mlp_loss
 
 Specs = list[tuple[P, P]]
 
@@ -72,6 +71,9 @@ class Strategy:
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         """The mesh shape this strategy builds from ``n_devices`` devices."""
+        return self._mesh_shape(checks.count("n_devices", n_devices))
+
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (1,)
 
     def mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -83,17 +85,8 @@ class Strategy:
         """
         devices = list(jax.devices() if devices is None else devices)
         if not devices:
-            raise ValueError(
-                f"strategy {self.name!r}: got an empty list of devices."
-            )
-        shape = self.mesh_shape(len(devices))
-        used = devices[: math.prod(shape)]
-        return jax.make_mesh(
-            shape,
-            self.axis_names,
-            axis_types=(AxisType.Auto,) * len(shape),
-            devices=used,
-        )
+            raise checks.InputError(f"strategy {self.name!r}: got an empty list of devices.")
+        return build_mesh(self.mesh_shape(len(devices)), self.axis_names, devices=devices)
 
     def param_specs(self, params: Params) -> Specs:
         """One ``(W spec, b spec)`` pair per layer."""
@@ -103,11 +96,18 @@ class Strategy:
         """The ``PartitionSpec`` of ``x: [B, d_in]`` and of ``y: [B, d_out]``."""
         return P()
 
-    def param_shardings(self, params: Params, mesh: Mesh) -> list[tuple[NamedSharding, NamedSharding]]:
-        """``NamedSharding``s for ``params`` on ``mesh`` (what :meth:`shard` uses)."""
+    def param_shardings(self, params: Params, mesh: Mesh
+                        ) -> list[tuple[NamedSharding, NamedSharding]]:
+        """``NamedSharding``s for ``params`` on ``mesh`` (what :meth:`shard` uses).
+
+        Trailing ``None`` entries are dropped (``P('model', None)`` becomes ``P('model')``,
+        the same layout): that is how a compiled program spells its output shardings, and
+        ``jax.jit`` compares shardings by spelling when it decides whether to recompile.
+        """
+        self._check_mesh(mesh)
         return [
-            (NamedSharding(mesh, w_spec), NamedSharding(mesh, b_spec))
-            for w_spec, b_spec in self.param_specs(params)
+            (NamedSharding(mesh, _trimmed(w_spec)), NamedSharding(mesh, _trimmed(b_spec)))
+            for w_spec, b_spec in self.param_specs(check_params(params))
         ]
 
     def batch_sharding(self, mesh: Mesh) -> NamedSharding:
@@ -142,19 +142,27 @@ class Strategy:
         param_shardings = self.param_shardings(params, mesh)
         params = jax.device_put(jax.device_get(params), param_shardings)
         sharding = self.batch_sharding(mesh)
-        x, y = jax.device_get(batch)
+        x, y = jax.device_get(tuple(batch))
         batch = (jax.device_put(x, sharding), jax.device_put(y, sharding))
         return params, batch
 
     def loss(self, mesh: Mesh) -> LossFn:
         """``loss_fn(params, batch)``: equal to ``mlp_loss`` in value and gradient.
 
-        It checks the shapes (``ValueError`` for an uneven split) each time it is traced. The
-        same strategy and mesh give the same function object, so jitted steps built on it
-        compile once.
+        It checks the shapes (``ValueError`` for an uneven split) each time it is traced,
+        and it pins the parameters to this strategy's layout on entry, so ``jax.grad``
+        returns each gradient in its parameter's sharding. The same strategy and mesh give
+        the same function object, so jitted steps built on it compile once.
         """
         self._check_mesh(mesh)
         return _loss_fn(self, mesh)
+
+    def sgd_step(self, mesh: Mesh, params: Params, *, learning_rate: float
+                 ) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
+        """The jitted SGD step on :meth:`loss`, with the new parameters pinned to
+        :meth:`param_shardings` (:func:`spmd_guide.mlp.make_sgd_step`)."""
+        return make_sgd_step(self.loss(mesh), learning_rate=learning_rate,
+                             param_shardings=self.param_shardings(params, mesh))
 
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
         return mlp_loss(params, batch)
@@ -162,43 +170,46 @@ class Strategy:
     # -- validation at the boundary ------------------------------------------
 
     def _check_mesh(self, mesh: Mesh) -> None:
+        checks.mesh("mesh", mesh)
         if tuple(mesh.axis_names) != self.axis_names:
-            raise ValueError(
-                f"strategy {self.name!r} needs a mesh with axes {self.axis_names}, got a mesh with "
-                f"axes {tuple(mesh.axis_names)}; build it with STRATEGIES[{self.name!r}].mesh(devices)."
-            )
+            raise checks.InputError(
+                f"strategy {self.name!r} needs a mesh with axes {self.axis_names}, got a mesh "
+                f"with axes {tuple(mesh.axis_names)}; build it with "
+                f"STRATEGIES[{self.name!r}].mesh(devices).")
 
     def check(self, params: Params, batch: Batch, mesh: Mesh) -> None:
         """Raise ``ValueError`` unless every array splits evenly as this strategy lays it out."""
         self._check_mesh(mesh)
-        if not params or any(len(layer) != 2 for layer in params):
-            raise ValueError(
-                f"strategy {self.name!r}: params must be a non-empty list of (W, b) pairs, as "
-                "made by spmd_guide.nn.init_mlp."
-            )
-        x, y = batch
-        if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"strategy {self.name!r}: the batch must be (x: [B, d_in], y: [B, d_out]) with the "
-                f"same B, got x {tuple(x.shape)} and y {tuple(y.shape)}."
-            )
-        if x.shape[1] != params[0][0].shape[0] or y.shape[1] != params[-1][0].shape[1]:
-            raise ValueError(
-                f"strategy {self.name!r}: x {tuple(x.shape)} and y {tuple(y.shape)} do not fit "
-                f"an MLP from {params[0][0].shape[0]} to {params[-1][0].shape[1]} features."
-            )
+        check_params(params)
+        if isinstance(batch, (list, tuple)) and len(batch) == 2:
+            x, y = (checks.array(n, v, ndim=2) for n, v in zip("xy", batch, strict=True))
+            if x.shape[0] != y.shape[0]:
+                raise checks.InputError(
+                    f"strategy {self.name!r}: the batch must be (x: [B, d_in], y: [B, d_out]) "
+                    f"with the same B, got x {tuple(x.shape)} and y {tuple(y.shape)}.")
+        x, y = check_batch(params, batch)
         spec = self.batch_spec()
         _check_split(self.name, "x", x.shape, spec, mesh, ("batch size", "input width"))
         _check_split(self.name, "y", y.shape, spec, mesh, ("batch size", "output width"))
-        for i, ((w, b), (w_spec, b_spec)) in enumerate(zip(params, self.param_specs(params))):
+        for i, ((w, b), (w_spec, b_spec)) in enumerate(zip(params, self.param_specs(params), strict=True)):
             _check_split(self.name, f"layer {i}'s W", w.shape, w_spec, mesh, ("layer width",) * 2)
             _check_split(self.name, f"layer {i}'s b", b.shape, b_spec, mesh, ("layer width",))
+
+
+def _trimmed(spec: P) -> P:
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return P(*entries)
 
 
 @functools.cache
 def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         strategy.check(params, batch, mesh)
+        if strategy.kind == "jit":  # shard_map's in_specs already pin the layouts
+            params = jax.lax.with_sharding_constraint(
+                params, strategy.param_shardings(params, mesh))
         return strategy._loss(params, batch, mesh)
 
     loss_fn.__name__ = f"{strategy.name}_loss"
@@ -208,31 +219,23 @@ def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
 def _check_split(
     strategy: str, what: str, shape: tuple[int, ...], spec: P, mesh: Mesh, meanings: tuple[str, ...]
 ) -> None:
-    """Raise ``ValueError`` if a dimension of ``shape`` does not divide by the mesh axes ``spec`` puts on it.
-
-    ``meanings`` names each dimension for the message ("batch size", "layer width", ...).
-    """
-    for size, axes, meaning in zip(shape, spec, meanings):
-        if axes is None:
+    """The even-split check (:func:`spmd_guide.checks.divisible`) for each dimension that
+    ``spec`` shards; ``meanings`` names each dimension for the message."""
+    for size, entry, meaning in zip(shape, spec, meanings, strict=False):
+        axes = checks.spec_axes(entry)
+        if not axes:
             continue
-        axes = (axes,) if isinstance(axes, str) else tuple(axes)
         parts = math.prod(mesh.shape[a] for a in axes)
-        if size % parts:
-            axes_text = " x ".join(f"{a!r} (size {mesh.shape[a]})" for a in axes)
-            raise ValueError(
-                f"strategy {strategy!r}: {what} has shape {tuple(shape)}; its {meaning} {size} must "
-                f"split into {parts} equal parts over mesh axis {axes_text}, but {size} is not "
-                f"divisible by {parts}. Make the {meaning} a multiple of {parts}, or lay it out "
-                f"over a mesh axis whose size divides {size}."
-            )
+        over = " x ".join(f"{a!r} (size {mesh.shape[a]})" for a in axes)
+        checks.divisible(f"strategy {strategy!r}: the {meaning} of {what} {tuple(shape)}",
+                         size, parts, why=f"over mesh axis {over}")
 
 
 def _check_devices(strategy: str, n_devices: int, divisor: int, axis: str) -> None:
     if n_devices % divisor:
-        raise ValueError(
+        raise checks.InputError(
             f"strategy {strategy!r} needs a device count divisible by its {axis!r} axis size "
-            f"{divisor}, got {n_devices} devices; pass a multiple of {divisor} devices."
-        )
+            f"{divisor}, got {n_devices} devices; pass a multiple of {divisor} devices.")
 
 
 # --------------------------------------------------------------------------------------
@@ -248,7 +251,7 @@ class AutoDataParallel(Strategy):
     name: ClassVar[str] = "auto_dp"
     summary: ClassVar[str] = "jit: batch P('batch'), params replicated"
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
 
     def batch_spec(self) -> P:
@@ -269,7 +272,7 @@ class AutoDataTensorParallel(Strategy):
     summary: ClassVar[str] = "jit: batch P('batch'), middle layers P(None,'model') / P('model',None)"
     axis_names: ClassVar[tuple[str, ...]] = ("batch", "model")
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         _check_devices(self.name, n_devices, self.model_size, "model")
         return (n_devices // self.model_size, self.model_size)
 
@@ -298,7 +301,7 @@ class Auto2D(Strategy):
     summary: ClassVar[str] = "jit: x, y and every W P('data','model')"
     axis_names: ClassVar[tuple[str, ...]] = ("data", "model")
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         _check_devices(self.name, n_devices, self.model_size, "model")
         return (n_devices // self.model_size, self.model_size)
 
@@ -324,7 +327,7 @@ class AutoFSDP(Strategy):
         "jit: batch and params P('batch'), constrained to P() before use"
     )
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
 
     def param_specs(self, params: Params) -> Specs:
@@ -383,7 +386,7 @@ class DataParallel(_ShardMapStrategy):
     name: ClassVar[str] = "dp"
     summary: ClassVar[str] = "shard_map: local loss, then pmean"
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
 
     def batch_spec(self) -> P:
@@ -432,7 +435,7 @@ class FSDP(_ShardMapStrategy):
         "shard_map: params P('batch'), all_gather before use, remat"
     )
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
 
     def param_specs(self, params: Params) -> Specs:
@@ -491,7 +494,7 @@ class TensorParallel(_ShardMapStrategy):
     )
     axis_names: ClassVar[tuple[str, ...]] = ("model",)
 
-    def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
 
     def param_specs(self, params: Params) -> Specs:
@@ -529,280 +532,3 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-# --------------------------------------------------------------------------------------
-# Reading the traced program
-# --------------------------------------------------------------------------------------
-
-
-def primitive_counts(fn: Callable[..., Any], *args: Any) -> Counter[str]:
-    """How often each primitive appears in the jaxpr of ``fn(*args)``, nested jaxprs included.
-
-    This is the program JAX *traced* (``jax.make_jaxpr``), before the compiler optimizes it:
-    ``primitive_counts(jax.grad(loss), params, batch)["all_gather"]`` counts the all-gathers
-    the gradient program asks for, forward and backward.
-    """
-
-    def count(jaxpr: Any) -> Counter[str]:
-        counts = Counter(eqn.primitive.name for eqn in jaxpr.eqns)
-        for inner in subjaxprs(jaxpr):
-            counts.update(count(inner))
-        return counts
-
-    return count(jax.make_jaxpr(fn)(*args).jaxpr)
-
-
-def traced_collectives(fn: Callable[..., Any], *args: Any) -> list[tuple[int, str, str]]:
-    """The collectives of the jaxpr of ``fn(*args)`` in program order, nested jaxprs included.
-
-    One ``(top, primitive, shapes)`` per collective: ``top`` is the index of the top-level
-    equation it sits in (for ``jax.grad`` of a ``shard_map`` loss the forward and the backward
-    pass are two top-level ``shard_map`` equations), ``shapes`` reads ``in -> out``.
-    """
-    names = {"all_gather", "reduce_scatter", "psum", "psum_invariant", "all_to_all", "ppermute"}
-    found: list[tuple[int, str, str]] = []
-
-    def visit(jaxpr: Any, top: int | None) -> None:
-        for index, eqn in enumerate(jaxpr.eqns):
-            where = index if top is None else top
-            if eqn.primitive.name in names:
-                shapes = (
-                    ", ".join(str(v.aval.str_short()) for v in eqn.invars)
-                    + " -> "
-                    + ", ".join(str(v.aval.str_short()) for v in eqn.outvars)
-                )
-                found.append((where, eqn.primitive.name, shapes))
-            for inner in jaxprs_in_params(eqn.params):
-                visit(inner, where)
-
-    visit(jax.make_jaxpr(fn)(*args).jaxpr, None)
-    return found
-
-
-@dataclass(frozen=True)
-class ReferenceCheck:
-    """A strategy's loss and gradient next to ``mlp_loss``'s on one device."""
-
-    strategy: str
-    loss: float
-    reference_loss: float
-    max_grad_error: float
-    max_grad: float
-
-    def row(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "loss": f"{self.loss:.6f}",
-            "one-device loss": f"{self.reference_loss:.6f}",
-            "largest |gradient difference|": f"{self.max_grad_error:.1e}",
-            "largest |gradient|": f"{self.max_grad:.2f}",
-        }
-
-
-@jax.jit
-def _reference_value_and_grad(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
-    return jax.value_and_grad(mlp_loss)(params, batch)
-
-
-def check_against_reference(
-    strategy: Strategy | str,
-    params: Params,
-    batch: Batch,
-    *,
-    devices: Sequence[jax.Device] | None = None,
-) -> ReferenceCheck:
-    """Loss and gradient of ``strategy`` on ``devices`` against ``mlp_loss``
-    on the first device alone."""
-    if isinstance(strategy, str):
-        strategy = _lookup(strategy)
-    mesh = strategy.mesh(devices)
-    placed_params, placed_batch = strategy.shard(params, batch, mesh)
-    value_and_grad = jax.jit(jax.value_and_grad(strategy.loss(mesh)))
-    loss, grads = value_and_grad(placed_params, placed_batch)
-    first_device = mesh.devices.flat[0]
-    one_device = jax.device_put(jax.device_get((params, batch)), first_device)
-    reference_loss, reference_grads = _reference_value_and_grad(*one_device)
-    grads, reference_grads = jax.device_get(
-        (jax.tree.leaves(grads), jax.tree.leaves(reference_grads))
-    )
-    grad_errors = [
-        np.max(np.abs(g - r)) for g, r in zip(grads, reference_grads)
-    ]
-    return ReferenceCheck(
-        strategy=strategy.name,
-        loss=float(loss),
-        reference_loss=float(reference_loss),
-        max_grad_error=float(max(grad_errors)),
-        max_grad=max(float(np.max(np.abs(r))) for r in reference_grads),
-    )
-
-
-# --------------------------------------------------------------------------------------
-# Measuring one training step of each strategy
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StepProfile:
-    """What one SGD step of a strategy costs per device, read from its compiled program.
-
-    ``report`` holds the collectives and the compiler's memory analysis
-    (:func:`spmd_guide.hlo.report`); ``param_bytes`` is what one device stores of the
-    parameters; ``step`` is the measured wall-clock time of the whole step. ``peak_bytes``
-    is the memory analysis' upper bound (arguments + outputs + temporaries, as if all were
-    live at once).
-    """
-
-    strategy: str
-    kind: str
-    mesh_axes: dict[str, int]
-    report: hlo.Report
-    param_bytes: int
-    step: Timing
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return self.report.counts
-
-    @property
-    def n_collectives(self) -> int:
-        return len(self.report.ops)
-
-    @property
-    def comm_bytes(self) -> int:
-        return self.report.total_bytes
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.report.memory.peak_bytes
-
-    @property
-    def mesh_text(self) -> str:
-        return " x ".join(f"{name}={size}" for name, size in self.mesh_axes.items())
-
-    def row(self) -> dict[str, Any]:
-        """A table row: every number per device, times in milliseconds."""
-        used = ", ".join(f"{n} {kind}" for kind, n in self.counts.items() if n) or "none"
-        low, high = self.step.spread
-        return {
-            "strategy": self.strategy,
-            "mesh": self.mesh_text,
-            "collectives per step": used,
-            "bytes sent": hlo.format_bytes(self.comm_bytes),
-            "param bytes": hlo.format_bytes(self.param_bytes),
-            "peak memory (bound)": hlo.format_bytes(self.peak_bytes),
-            "step ms: median (min-max)": f"{self.step.median * 1e3:.2f} ({low * 1e3:.2f}-{high * 1e3:.2f})",
-        }
-
-
-def profile_step(
-    strategy: Strategy | str,
-    params: Params,
-    batch: Batch,
-    *,
-    devices: Sequence[jax.Device] | None = None,
-    learning_rate: float = 0.01,
-    runs: int = 10,
-) -> StepProfile:
-    """Lay out ``params``/``batch`` with ``strategy`` on ``devices``, compile
-    one SGD step, measure it.
-
-    The collectives, bytes and memory come from the one compiled program
-    (:func:`spmd_guide.hlo.report`); the time from
-    :func:`spmd_guide.timing.time_fn` (``runs`` timed calls after a compiling
-    warm-up), on whatever hardware ``devices`` are.
-    """
-    if isinstance(strategy, str):
-        strategy = _lookup(strategy)
-    mesh = strategy.mesh(devices)
-    params, batch = strategy.shard(params, batch, mesh)
-    step = make_sgd_step(strategy.loss(mesh), learning_rate=learning_rate)
-    report = hlo.report(step, params, batch, title=strategy.name)
-    timing = time_fn(step, params, batch, runs=runs, label=strategy.name)
-    return StepProfile(
-        strategy=strategy.name,
-        kind=strategy.kind,
-        mesh_axes=dict(mesh.shape),
-        report=report,
-        param_bytes=param_bytes_per_device(params),
-        step=timing,
-    )
-
-
-def _lookup(name: str) -> Strategy:
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}.")
-    return STRATEGIES[name]
-
-
-def compare(
-    names: Sequence[str],
-    params: Params,
-    batch: Batch,
-    *,
-    devices: Sequence[jax.Device] | None = None,
-    learning_rate: float = 0.01,
-    runs: int = 10,
-) -> list[StepProfile]:
-    """:func:`profile_step` for each strategy in ``names``, on the same model, batch and devices."""
-    strategies = [_lookup(name) for name in names]  # fail on a bad name before any compiling
-    return [
-        profile_step(s, params, batch, devices=devices, learning_rate=learning_rate, runs=runs)
-        for s in strategies
-    ]
-
-
-def comparison_table(profiles: Sequence[StepProfile], *, tablefmt: str = "html") -> str:
-    """The profiles side by side, one row per strategy (``tablefmt`` as in ``tabulate``)."""
-    from tabulate import tabulate
-
-    rows = [p.row() for p in profiles]
-    return tabulate(rows, headers="keys", tablefmt=tablefmt, disable_numparse=True)
-
-
-def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
-    """A matplotlib figure: one horizontal bar chart per column of :func:`comparison_table`.
-
-    Collectives per step are stacked by kind; bytes are in KiB; the step time bar is the median
-    with a line from the fastest to the slowest run. The sixth panel says what ran where.
-    """
-    import matplotlib.pyplot as plt
-
-    names = [p.strategy for p in profiles]
-    rows = np.arange(len(profiles))
-    fig, grid = plt.subplots(2, 3, figsize=(10, 0.5 * len(profiles) * 2 + 1.5))
-    axes = grid.ravel()
-    left = np.zeros(len(profiles))
-    for i, kind in enumerate(hlo.KINDS):
-        counts = np.array([p.counts[kind] for p in profiles])
-        if counts.any():
-            axes[0].barh(rows, counts, left=left, label=kind, color=f"C{i}")
-            left += counts
-    axes[0].set_title("collectives per step")
-    panels = [
-        ("bytes sent per device (KiB)", [p.comm_bytes / 1024 for p in profiles]),
-        ("parameter bytes per device (KiB)", [p.param_bytes / 1024 for p in profiles]),
-        ("peak memory per device, bound (KiB)", [p.peak_bytes / 1024 for p in profiles]),
-    ]
-    for ax, (title, values) in zip(axes[1:4], panels):
-        ax.barh(rows, values, color="C7")
-        ax.set_title(title)
-    medians = np.array([p.step.median * 1e3 for p in profiles])
-    lows = np.array([p.step.spread[0] * 1e3 for p in profiles])
-    highs = np.array([p.step.spread[1] * 1e3 for p in profiles])
-    axes[4].barh(rows, medians, xerr=[medians - lows, highs - medians], color="C9", capsize=2)
-    axes[4].set_title("step time (ms, median, min-max)")
-    for ax in axes[:5]:
-        ax.set_yticks(rows, names)
-        ax.invert_yaxis()
-        ax.title.set_fontsize(10)
-        ax.tick_params(labelsize=9)
-        ax.grid(axis="x", alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    axes[5].axis("off")
-    axes[5].legend(handles, labels, title="collective kinds", loc="upper left", fontsize=9)
-    if profiles:
-        axes[5].text(0.0, 0.2, "per device, one SGD step\ntimes measured on "
-                     f"{profiles[0].step.device_kind} devices", transform=axes[5].transAxes,
-                     fontsize=9)
-    fig.tight_layout()
-    return fig

@@ -1,0 +1,252 @@
+"""Part IV's measurements: a strategy against the one-device reference, and what one
+training step costs per device (collectives, bytes, memory, time), side by side.
+
+Every count comes from the compiled program of the whole step (:mod:`spmd_guide.hlo`);
+times from :mod:`spmd_guide.timing`, on whatever hardware the devices are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from spmd_guide import checks, hlo
+from spmd_guide.display import Table
+from spmd_guide.mlp import Batch, Params, mlp_loss, param_bytes_per_device
+from spmd_guide.strategies import STRATEGIES, Strategy
+from spmd_guide.timing import Timing, time_fn
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """A strategy's loss and gradient next to ``mlp_loss``'s on one device."""
+
+    strategy: str
+    loss: float
+    reference_loss: float
+    max_grad_error: float
+    max_grad: float
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "loss": f"{self.loss:.6f}",
+            "one-device loss": f"{self.reference_loss:.6f}",
+            "largest |gradient difference|": f"{self.max_grad_error:.1e}",
+            "largest |gradient|": f"{self.max_grad:.2f}",
+        }
+
+
+@jax.jit
+def _reference_value_and_grad(params: Params, batch: Batch) -> tuple[jax.Array, Params]:
+    return jax.value_and_grad(mlp_loss)(params, batch)
+
+
+def check_against_reference(
+    strategy: Strategy | str,
+    params: Params,
+    batch: Batch,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> ReferenceCheck:
+    """Loss and gradient of ``strategy`` on ``devices`` against ``mlp_loss``
+    on the first device alone."""
+    strategy = _lookup(strategy)
+    mesh = strategy.mesh(devices)
+    placed_params, placed_batch = strategy.shard(params, batch, mesh)
+    value_and_grad = jax.jit(jax.value_and_grad(strategy.loss(mesh)))
+    loss, grads = value_and_grad(placed_params, placed_batch)
+    first_device = mesh.devices.flat[0]
+    one_device = jax.device_put(jax.device_get((params, batch)), first_device)
+    reference_loss, reference_grads = _reference_value_and_grad(*one_device)
+    grads, reference_grads = jax.device_get(
+        (jax.tree.leaves(grads), jax.tree.leaves(reference_grads))
+    )
+    grad_errors = [
+        np.max(np.abs(g - r)) for g, r in zip(grads, reference_grads, strict=True)
+    ]
+    return ReferenceCheck(
+        strategy=strategy.name,
+        loss=float(loss),
+        reference_loss=float(reference_loss),
+        max_grad_error=float(max(grad_errors)),
+        max_grad=max(float(np.max(np.abs(r))) for r in reference_grads),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Measuring one training step of each strategy
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What one SGD step of a strategy costs per device, read from its compiled program.
+
+    ``report`` holds the collectives and the compiler's memory analysis
+    (:func:`spmd_guide.hlo.report`); ``param_bytes`` is what one device stores of the
+    parameters; ``step`` is the measured wall-clock time of the whole step. ``peak_bytes``
+    is the memory analysis' upper bound (arguments + outputs + temporaries, as if all were
+    live at once).
+    """
+
+    strategy: str
+    kind: str
+    mesh_axes: dict[str, int]
+    report: hlo.Report
+    param_bytes: int
+    step: Timing
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return self.report.counts
+
+    @property
+    def n_collectives(self) -> int:
+        return len(self.report.ops)
+
+    @property
+    def comm_bytes(self) -> int:
+        return self.report.total_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.report.memory.peak_bytes
+
+    @property
+    def mesh_text(self) -> str:
+        return " x ".join(f"{name}={size}" for name, size in self.mesh_axes.items())
+
+    def row(self) -> dict[str, Any]:
+        """A table row: every number per device, times in milliseconds."""
+        used = ", ".join(f"{n} {kind}" for kind, n in self.counts.items() if n) or "none"
+        low, high = self.step.spread
+        return {
+            "strategy": self.strategy,
+            "mesh": self.mesh_text,
+            "collectives per step": used,
+            "bytes sent": hlo.format_bytes(self.comm_bytes),
+            "param bytes": hlo.format_bytes(self.param_bytes),
+            "peak memory (XLA)": hlo.format_bytes(self.peak_bytes),
+            "temporaries": hlo.format_bytes(self.report.memory.temp_bytes),
+            "step ms: median (min-max)": f"{self.step.median * 1e3:.2f} ({low * 1e3:.2f}-{high * 1e3:.2f})",
+        }
+
+
+def profile_step(
+    strategy: Strategy | str,
+    params: Params,
+    batch: Batch,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    learning_rate: float = 0.01,
+    runs: int = 10,
+) -> StepProfile:
+    """Lay out ``params``/``batch`` with ``strategy`` on ``devices``, compile
+    one SGD step, measure it.
+
+    The collectives, bytes and memory come from the one compiled program
+    (:func:`spmd_guide.hlo.report`); the time from
+    :func:`spmd_guide.timing.time_fn` (``runs`` timed calls after a compiling
+    warm-up), on whatever hardware ``devices`` are.
+    """
+    strategy = _lookup(strategy)
+    runs = checks.count("runs", runs)
+    mesh = strategy.mesh(devices)
+    params, batch = strategy.shard(params, batch, mesh)
+    step = strategy.sgd_step(mesh, params, learning_rate=learning_rate)
+    report = hlo.report(step, params, batch, title=strategy.name)
+    timing = time_fn(step, params, batch, runs=runs, label=strategy.name)
+    return StepProfile(
+        strategy=strategy.name,
+        kind=strategy.kind,
+        mesh_axes=dict(mesh.shape),
+        report=report,
+        param_bytes=param_bytes_per_device(params),
+        step=timing,
+    )
+
+
+def _lookup(strategy: Strategy | str) -> Strategy:
+    if isinstance(strategy, Strategy):
+        return strategy
+    return STRATEGIES[checks.one_of("strategy", strategy, sorted(STRATEGIES))]
+
+
+def compare(
+    names: Sequence[str],
+    params: Params,
+    batch: Batch,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    learning_rate: float = 0.01,
+    runs: int = 10,
+) -> list[StepProfile]:
+    """:func:`profile_step` for each strategy in ``names``, on the same model, batch and devices."""
+    strategies = [_lookup(name) for name in names]  # fail on a bad name before any compiling
+    return [
+        profile_step(s, params, batch, devices=devices, learning_rate=learning_rate, runs=runs)
+        for s in strategies
+    ]
+
+
+def comparison_table(profiles: Sequence[StepProfile]) -> Table:
+    """The profiles side by side, one row per strategy (HTML in a notebook, text with
+    ``str()``)."""
+    if not profiles or not all(isinstance(p, StepProfile) for p in profiles):
+        raise checks.InputTypeError(
+            "profiles must be a non-empty list of StepProfile, as compare() returns.")
+    return Table([p.row() for p in profiles])
+
+
+def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
+    """A matplotlib figure: one horizontal bar chart per column of :func:`comparison_table`.
+
+    Collectives per step are stacked by kind; bytes are in KiB; the step time bar is the median
+    with a line from the fastest to the slowest run. The sixth panel says what ran where.
+    """
+    import matplotlib.pyplot as plt
+
+    names = [p.strategy for p in profiles]
+    rows = np.arange(len(profiles))
+    fig, grid = plt.subplots(2, 3, figsize=(10, 0.5 * len(profiles) * 2 + 1.5))
+    axes = grid.ravel()
+    left = np.zeros(len(profiles))
+    for i, kind in enumerate(hlo.KINDS):
+        counts = np.array([p.counts[kind] for p in profiles])
+        if counts.any():
+            axes[0].barh(rows, counts, left=left, label=kind, color=f"C{i}")
+            left += counts
+    axes[0].set_title("collectives per step")
+    panels = [
+        ("bytes sent per device (KiB)", [p.comm_bytes / 1024 for p in profiles]),
+        ("parameter bytes per device (KiB)", [p.param_bytes / 1024 for p in profiles]),
+        ("peak memory per device, XLA (KiB)", [p.peak_bytes / 1024 for p in profiles]),
+    ]
+    for ax, (title, values) in zip(axes[1:4], panels, strict=True):
+        ax.barh(rows, values, color="C7")
+        ax.set_title(title)
+    medians = np.array([p.step.median * 1e3 for p in profiles])
+    lows = np.array([p.step.spread[0] * 1e3 for p in profiles])
+    highs = np.array([p.step.spread[1] * 1e3 for p in profiles])
+    axes[4].barh(rows, medians, xerr=[medians - lows, highs - medians], color="C9", capsize=2)
+    axes[4].set_title("step time (ms, median, min-max)")
+    for ax in axes[:5]:
+        ax.set_yticks(rows, names)
+        ax.invert_yaxis()
+        ax.title.set_fontsize(10)
+        ax.tick_params(labelsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[5].axis("off")
+    axes[5].legend(handles, labels, title="collective kinds", loc="upper left", fontsize=9)
+    if profiles:
+        axes[5].text(0.0, 0.2, "per device, one SGD step\ntimes measured on "
+                     f"{profiles[0].step.device_kind} devices", transform=axes[5].transAxes,
+                     fontsize=9)
+    fig.tight_layout()
+    return fig

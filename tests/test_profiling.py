@@ -1,0 +1,57 @@
+"""Profiling a training step of each strategy: counts, memory, the comparison table."""
+
+from __future__ import annotations
+
+import jax
+import matplotlib.pyplot as plt
+import pytest
+from conftest import DEVICES
+
+from spmd_guide import checks, hlo, nn, profiling
+
+SIZES = [16, 32, 32, 16]
+
+
+@pytest.fixture(scope="module")
+def model():
+    params = nn.init_mlp(jax.random.key(0), SIZES)
+    batch = nn.make_regression_batch(jax.random.key(1), 32, SIZES[0], SIZES[-1])
+    return params, batch
+
+
+def test_profile_and_comparison(model):
+    params, batch = model
+    profiles = profiling.compare(["single", "fsdp"], params, batch, runs=2, learning_rate=1.0)
+    single, fsdp = profiles
+    assert single.n_collectives == 0 and single.comm_bytes == 0
+    assert fsdp.param_bytes * 8 == single.param_bytes
+    strategy = nn.STRATEGIES["fsdp"]
+    mesh = strategy.mesh(DEVICES)
+    placed, placed_batch = strategy.shard(params, batch, mesh)
+    step = strategy.sgd_step(mesh, placed, learning_rate=1.0)
+    assert fsdp.counts == hlo.collective_counts(step, placed, placed_batch)
+    assert fsdp.peak_bytes == hlo.memory_per_device(step, placed, placed_batch).peak_bytes
+    table = str(profiling.comparison_table(profiles))
+    assert "fsdp" in table and "reduce-scatter" in table and "peak memory (XLA)" in table
+    figure = profiling.plot_comparison(profiles)
+    assert len(figure.axes) == 6
+    plt.close(figure)
+
+
+def test_reference_check_matches_on_every_device_count(model):
+    params, batch = model
+    for k in (2, 4, 8):
+        check = profiling.check_against_reference("fsdp", params, batch, devices=DEVICES[:k])
+        assert check.loss == pytest.approx(check.reference_loss, rel=1e-5)
+        assert check.max_grad_error < 1e-4 * max(1.0, check.max_grad)
+
+
+@pytest.mark.parametrize(("call", "word"), [
+    (lambda p, b: profiling.compare(["dp", "nope"], p, b), "unknown strategy"),
+    (lambda p, b: profiling.profile_step("dp", p, b, runs=0), "runs"),
+    (lambda p, b: profiling.comparison_table([]), "StepProfile"),
+    (lambda p, b: profiling.check_against_reference(3, p, b), "unknown strategy"),
+])
+def test_bad_input_is_refused(model, call, word):
+    with pytest.raises(checks.InputError, match=word):
+        call(*model)
