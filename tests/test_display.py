@@ -2,6 +2,7 @@
 
 import pytest
 
+from spmd_guide import checks
 from spmd_guide.display import Table, error_of, wrap
 
 
@@ -27,3 +28,28 @@ def test_error_of_wraps_and_insists_on_an_error():
     with pytest.raises(AssertionError, match="expected to raise"):
         error_of(lambda: 1)
     assert wrap("a" * 100) == "a" * 100  # long words are not broken
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: Table([{"a": 1}, {"a": 2, "b": 3}]), checks.InputError, "same columns"),
+    (lambda: Table([{"a": 1}, {"b": 2}]), checks.InputError, "same columns"),
+    (lambda: Table([]), checks.InputError, "at least one row"),
+    (lambda: Table("rows"), checks.InputTypeError, "list of dicts"),
+    (lambda: Table([1, 2]), checks.InputTypeError, "dict"),
+    (lambda: Table([{"a": 1}], align={"b": "left"}), checks.InputError, "unknown column"),
+    (lambda: Table([{"a": 1}], align={"a": "middle"}), checks.InputError, "alignment"),
+    (lambda: error_of(5), checks.InputTypeError, "function"),
+    (lambda: error_of(None), checks.InputTypeError, "function"),
+    (lambda: wrap(12), checks.InputTypeError, "string"),
+])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_table_text_html_alignment_and_total_row():
+    table = Table([{"op": "all-gather", "bytes": "12 B"}, {"op": "total", "bytes": "12 B"}],
+                  title="t", align={"bytes": "right"}, bold_last=True)
+    html = table._repr_html_()
+    assert "<caption" in html and "text-align:right" in html and "font-weight:bold" in html
+    assert str(table).splitlines()[0] == "t" and "all-gather" in str(table)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, hlo_text
+from spmd_guide import checks, hlo, hlo_text
 
 F32 = 4
 ROWS, COLS = 16, 8  # the global test array: f32[16, 8] = 512 bytes
@@ -458,3 +458,28 @@ def test_parse_shape_flattens_tuples_and_reads_dtypes():
     assert [(b.dtype, b.shape, b.nbytes) for b in buffers] == [
         ("f32", (4, 16), 256), ("bf16", (), 2), ("pred", (3,), 3), ("s4", (8,), 4),
         ("f8e4m3fn", (2, 2), 4)]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: hlo.format_bytes(float("nan")), checks.InputError, "finite"),
+    (lambda: hlo.format_bytes("12"), checks.InputTypeError, "real number"),
+    (lambda: hlo.ring_bytes("all-gather", -8, 4), checks.InputError, "buffer_bytes"),
+    (lambda: hlo.ring_bytes("all-gather", 8, 0), checks.InputError, "group_size"),
+    (lambda: hlo.ring_bytes("gather", 8, 4), checks.InputError, "unknown collective kind"),
+    (lambda: hlo.collectives(lambda x, axis: x, jnp.ones(4), "x"), checks.InputTypeError,
+     "functools.partial"),
+    (lambda: hlo.collective_counts(lambda x: x), TypeError, "argument"),
+    (lambda: hlo.collective_counts("f", jnp.ones(2)), checks.InputTypeError, "function"),
+    (lambda: hlo.collectives_in_text(12), checks.InputTypeError, "compiled program"),
+])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_text_readers_accept_a_compiled_program():
+    compiled = hlo.compile(lambda x: x * 2, jnp.ones(4))
+    assert hlo.collectives_in_text(compiled) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import nn
+from spmd_guide import checks, nn
 
 
 def _numpy_predict(params, x):
@@ -187,3 +188,80 @@ def test_exercise_he_scaling_keeps_activations_in_range_unit_scaling_does_not():
     unit_rms = [rms(o) for o in outputs(unit, x)[:-1]]
     assert 0.3 < min(he_rms) and max(he_rms) < 3
     assert unit_rms[-1] > 1e5
+
+
+# --------------------------------------------------------------------------- bad input
+
+_P = nn.init_mlp(jax.random.key(0), [4, 8, 1])
+_X = np.ones((6, 4), np.float32)
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    # silent wrong answers before: a 1-D y broadcast to [B, B]; wider targets; labels
+    (lambda: nn.mlp_loss(_P, (_X, np.ones(6, np.float32))), checks.InputError, "shape (6, 1)"),
+    (lambda: nn.mlp_loss(_P, (_X, np.ones((6, 3), np.float32))), checks.InputError, "(6, 1)"),
+    (lambda: nn.mlp_loss(_P, {"x": _X, "y": _X}), checks.InputTypeError, "pair (x, y)"),
+    (lambda: nn.mlp_loss(_P, (np.ones((6, 5)), np.ones((6, 1)))), checks.InputError, "4 input"),
+    (lambda: nn.predict(_P, np.ones((6, 3))), checks.InputError, "4 input"),
+    (lambda: nn.predict("params", _X), checks.InputTypeError, "(W, b) pairs"),
+    (lambda: nn.predict([(np.ones((4, 8)), np.ones(7))], _X), checks.InputError, "b has 7"),
+    (lambda: nn.cross_entropy_loss(_P3, (_X, np.array([0, 1, 2, 3, 0, 1]))),
+     checks.InputError, "class ids in [0, 3)"),
+    (lambda: nn.cross_entropy_loss(_P3, (_X, np.array([0, -1, 2, 0, 0, 1]))),
+     checks.InputError, "class ids"),
+    (lambda: nn.cross_entropy_loss(_P3, (_X, np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1, 2]])),
+     checks.InputError, "one-hot"),
+    (lambda: nn.cross_entropy_loss(_P3, (_X, np.zeros(6, np.float32))),
+     checks.InputTypeError, "integer"),
+    (lambda: nn.sgd_update(_P, _P, learning_rate=-0.1), checks.InputError, "positive"),
+    (lambda: nn.make_sgd_step(nn.mlp_loss, learning_rate=float("inf")), checks.InputError, "finite"),
+    (lambda: nn.make_sgd_step(nn.mlp_loss, learning_rate="0.1"), checks.InputTypeError, "real"),
+    (lambda: nn.make_sgd_step(3, learning_rate=0.1), checks.InputTypeError, "function"),
+    (lambda: nn.make_sgd_step(nn.mlp_loss, learning_rate=0.1, param_shardings=[1]),
+     checks.InputTypeError, "Sharding"),
+    (lambda: nn.init_mlp(jax.random.key(0), [4]), checks.InputError, "at least 2"),
+    (lambda: nn.init_mlp(jax.random.key(0), [4, 0]), checks.InputError, "at least 1"),
+    (lambda: nn.init_mlp(1.5, [4, 2]), checks.InputTypeError, "random key"),
+    (lambda: nn.init_mlp(jax.random.split(jax.random.key(0)), [4, 2]), checks.InputError, "one key"),
+    (lambda: nn.make_regression_batch(jax.random.key(0), 0, 4, 2), checks.InputError, "batch_size"),
+    (lambda: nn.train(lambda p, b: (p, 0.0), _P, (_X, _X), steps=0), checks.InputError, "steps"),
+    (lambda: nn.param_bytes_per_device([(np.ones(2), np.ones(2))]), checks.InputTypeError, "jax.Array"),
+])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    with pytest.raises(error, match=re.escape(word)):
+        call()
+
+
+_P3 = nn.init_mlp(jax.random.key(0), [4, 8, 3])
+
+
+def test_valid_inputs_that_used_to_fail():
+    assert len(nn.init_mlp(0, np.array([4, 8]))) == 1  # an int seed and a NumPy array of sizes
+    x, y = nn.make_regression_batch(1, np.int64(16), 4, 2)
+    assert x.shape == (16, 4) and y.shape == (16, 2)
+    step = nn.make_sgd_step(nn.mlp_loss, learning_rate=jnp.float32(0.01))
+    assert step is nn.make_sgd_step(nn.mlp_loss, learning_rate=jnp.float32(0.01))  # cached
+
+
+def test_traced_out_of_range_labels_give_nan_not_another_class():
+    labels = jnp.array([0, 1, 2, 5, 0, 1])
+    assert np.isnan(float(jax.jit(nn.cross_entropy_loss)(_P3, (_X, labels))))
+
+
+@settings(max_examples=15, deadline=None)
+@given(batch=st.integers(1, 6), d_in=st.integers(1, 5), d_out=st.integers(1, 4),
+       y_shape=st.sampled_from(["right", "1d", "wide", "rows"]))
+def test_mlp_loss_is_the_numpy_loss_or_a_clear_error(batch, d_in, d_out, y_shape):
+    params = nn.init_mlp(jax.random.key(1), [d_in, 3, d_out])
+    x = np.linspace(-1, 1, batch * d_in, dtype=np.float32).reshape(batch, d_in)
+    y_shapes = {"right": (batch, d_out), "1d": (batch,), "wide": (batch, d_out + 1),
+                "rows": (batch + 1, d_out)}
+    y = np.ones(y_shapes[y_shape], np.float32)
+    if y_shape != "right":
+        with pytest.raises(checks.InputError):
+            nn.mlp_loss(params, (x, y))
+        return
+    h = np.maximum(x @ np.asarray(params[0][0]) + np.asarray(params[0][1]), 0)
+    out = h @ np.asarray(params[1][0]) + np.asarray(params[1][1])
+    expected = np.mean(np.sum((out - y) ** 2, axis=-1))
+    assert float(nn.mlp_loss(params, (x, y))) == pytest.approx(expected, rel=1e-5)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, hlo_text
+from spmd_guide import checks, hlo, hlo_text
 from spmd_guide import partitioning as pt
 from spmd_guide.display import error_of
 from spmd_guide.timing import Timing, speedup
@@ -590,3 +590,23 @@ def test_api_changes_stated_in_the_chapter():
     assert "jax.set_mesh" in str(caught[0].message)
     assert not hasattr(jax.sharding, "use_mesh")
     assert hasattr(jax, "set_mesh")
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda m: pt.place(None, m, P()), checks.InputTypeError, "must be an array"),
+    (lambda m: pt.place(np.ones(8), m, "a"), checks.InputTypeError, "PartitionSpec"),
+    (lambda m: pt.spec_text("xy"), checks.InputTypeError, "PartitionSpec"),
+    (lambda m: pt.sharding_text(3), checks.InputTypeError, "Sharding"),
+    (lambda m: pt.matmul_partitioning("rows x columns", m, m=0), checks.InputError, "m must"),
+    (lambda m: pt.matmul_partitioning("nope", m), checks.InputError, "unknown matmul case"),
+    (lambda m: pt.auto_mesh(8, "x"), checks.InputTypeError, "tuple of strings"),
+])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call(mesh_of(8, ("a", "b"), (4, 2)))
+
+
+def test_valid_inputs_that_used_to_fail_or_mislead():
+    assert pt.sharding_text(P("x")) == "P('x')"  # a spec, not a sharding: read as itself
+    assert dict(pt.auto_mesh(8, ("x",)).shape) == {"x": 8}
+    assert dict(pt.auto_mesh((np.int64(2), 4), ("a", "b")).shape) == {"a": 2, "b": 4}

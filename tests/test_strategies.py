@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -286,3 +288,28 @@ def test_without_pinning_the_step_can_drift():
         p, jax.grad(lambda q, c: nn.predict(q, c[0]).sum())(p, b), learning_rate=0.1))
     drifted = unpinned(params, batch)
     assert drifted[-1][0].sharding.spec != params[-1][0].sharding.spec
+
+
+# --------------------------------------------------------------------------- bad input
+
+_BAD_PARAMS = nn.init_mlp(jax.random.key(0), [8, 16, 8])
+_BAD_BATCH = nn.make_regression_batch(jax.random.key(1), 16, 8, 8)
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda s, m: s.mesh_shape(0), checks.InputError, "at least 1"),
+    (lambda s, m: s.mesh([]), checks.InputError, "empty list"),
+    (lambda s, m: s.shard(_BAD_PARAMS, {"x": _BAD_BATCH[0], "y": _BAD_BATCH[1]}, m),
+     checks.InputTypeError, "batch['x']"),
+    (lambda s, m: s.shard(_BAD_PARAMS, _BAD_BATCH, "mesh"), checks.InputTypeError, "Mesh"),
+    (lambda s, m: s.shard("params", _BAD_BATCH, m), checks.InputTypeError, "(W, b) pairs"),
+    (lambda s, m: s.shard(_BAD_PARAMS, (_BAD_BATCH[0], _BAD_BATCH[1][:, :3]), m),
+     checks.InputError, "(16, 8)"),
+    (lambda s, m: s.sgd_step(m, _BAD_PARAMS, learning_rate=0), checks.InputError, "positive"),
+    (lambda s, m: s.loss(m)(_BAD_PARAMS, (_BAD_BATCH[0][:, :3], _BAD_BATCH[1])),
+     checks.InputError, "8 input features"),
+])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    strategy = strategies.STRATEGIES["dp"]
+    with pytest.raises(error, match=re.escape(word)):
+        call(strategy, strategy.mesh(DEVICES))

@@ -266,7 +266,7 @@ def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...],
     try:
         lowered = jitted.lower(*args)
     except TypeError as error:
-        if "not a valid JAX type" not in str(error):
+        if "abstract array" not in str(error) and "not a valid JAX type" not in str(error):
             raise
         kinds = sorted({type(a).__name__ for a in jax.tree.leaves(args)
                         if not isinstance(a, (jax.Array, np.ndarray, np.generic, int, float,

@@ -82,13 +82,15 @@ def check_batch(params: Params, batch: Any, *, targets: str = "values") -> Batch
         checks.array("labels", y, ndim=1, dtype_kind="iu")
         expected: tuple[int, ...] = (x.shape[0],)
     else:
-        y = checks.array("y", batch[1], ndim=2)
+        y = checks.array("y", batch[1])
         expected = (x.shape[0], d_out)
     if tuple(y.shape) != expected:
         what = "labels" if targets == "labels" else "y"
+        hint = (" (a 1-D y would broadcast against the [B, 1] output to [B, B]; use "
+                "y[:, None])") if y.ndim == 1 and targets != "labels" else ""
         raise checks.InputError(
             f"{what} has shape {tuple(y.shape)}, but x {tuple(x.shape)} and an MLP with "
-            f"{d_out} outputs need {what} of shape {expected}.")
+            f"{d_out} outputs need {what} of shape {expected}{hint}.")
     return x, y
 
 

@@ -1,0 +1,72 @@
+"""The one HLO parser: generated text with nested tuples and parenthesised operands, and the
+readers of the entry computation."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spmd_guide import checks, hlo, hlo_text
+
+DTYPES = ["f32", "bf16", "s32", "pred", "u8", "f16"]
+
+
+@st.composite
+def buffers(draw):
+    dtype = draw(st.sampled_from(DTYPES))
+    dims = draw(st.lists(st.integers(1, 9), max_size=3))
+    return hlo_text.Buffer(dtype, tuple(dims))
+
+
+@st.composite
+def shapes(draw, depth=2):
+    """An HLO shape: an array with a layout, or a (possibly nested) tuple of shapes."""
+    if depth == 0 or draw(st.booleans()):
+        b = draw(buffers())
+        layout = "{" + ",".join(map(str, reversed(range(len(b.shape))))) + "}" if b.shape else ""
+        return f"{b}{layout}", [b]
+    parts = [draw(shapes(depth=depth - 1)) for _ in range(draw(st.integers(1, 3)))]
+    return "(" + ", ".join(t for t, _ in parts) + ")", [b for _, bs in parts for b in bs]
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=shapes(), n_operands=st.integers(0, 3))
+def test_generated_instructions_parse_whole(shape, n_operands):
+    text, flat = shape
+    operands = [f"{text} %p.{i}" for i in range(n_operands)]  # typed operands hold brackets
+    line = (f"  ROOT %out.1 = {text} custom-call({', '.join(operands)}), "
+            f'custom_call_target="x(y)", metadata={{op_name="a(b)"}}')
+    instruction = hlo_text._parse_instruction(line)
+    assert instruction is not None
+    assert instruction.name == "out.1" and instruction.opcode == "custom-call"
+    assert instruction.operands == tuple(f"p.{i}" for i in range(n_operands))
+    assert list(instruction.result) == flat
+    assert hlo_text.parse_shape(text) == tuple(flat)
+
+
+def test_reads_a_real_compiled_program_and_its_entry():
+    f = jax.jit(lambda x, y: (jnp.sin(x) @ y).sum())
+    compiled = hlo.compile(f, jnp.ones((4, 8)), jnp.ones((8, 2)))
+    instructions = hlo_text.entry_instructions(compiled)
+    assert instructions[-1].name in hlo_text.entry_computation(compiled)
+    assert {i.opcode for i in instructions} >= {"parameter"}
+    assert "metadata=" not in hlo_text.entry_computation(compiled.as_text())
+    assert hlo_text.lines_with(compiled, "parameter(0)")
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: hlo_text.parse_shape("float32[4]"), checks.InputError, "HLO element type"),
+    (lambda: hlo_text.parse_shape(4), checks.InputTypeError, "shape text"),
+    (lambda: hlo_text.Buffer("f32", (-1, 4)), checks.InputError, "non-negative"),
+    (lambda: hlo_text.Buffer("float32", (4,)), checks.InputError, "HLO element type"),
+    (lambda: hlo_text.program_text(3), checks.InputTypeError, "compiled program"),
+    (lambda: hlo_text.entry_computation("HloModule m\n"), checks.InputError, "ENTRY"),
+    (lambda: hlo_text.lines_with("x", ""), checks.InputError, "non-empty"),
+    (lambda: hlo_text.parse_replica_groups("<mystery>"), ValueError, "replica_groups"),
+])
+def test_bad_input_is_refused(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
