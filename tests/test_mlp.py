@@ -41,7 +41,7 @@ def model():
 
 def test_init_mlp_shapes_dtypes_and_zero_biases(model):
     params, _ = model
-    assert [(w.shape, b.shape) for w, b in params] == [((a, b), (b,)) for a, b in zip(SIZES[:-1], SIZES[1:])]
+    assert [(w.shape, b.shape) for w, b in params] == [((a, b), (b,)) for a, b in zip(SIZES[:-1], SIZES[1:], strict=True)]
     assert all(w.dtype == jnp.float32 and b.dtype == jnp.float32 for w, b in params)
     assert all(not np.any(np.asarray(b)) for _, b in params)
 
@@ -148,7 +148,7 @@ def test_predict_and_loss_are_shape_generic(sizes, batch_size):
     rng = np.random.default_rng(0)  # NumPy data: one compile per example, not one per random op
     params = [
         (rng.normal(size=(a, b)).astype(np.float32), rng.normal(size=(b,)).astype(np.float32))
-        for a, b in zip(sizes[:-1], sizes[1:])
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
     ]
     x = rng.normal(size=(batch_size, sizes[0])).astype(np.float32)
     y = rng.normal(size=(batch_size, sizes[-1])).astype(np.float32)

@@ -62,7 +62,7 @@ def test_loss_gradient_and_layouts_match_the_reference(name, k, model):
     _, _, ref_loss, ref_grads = model
     _, params, _, new_params, loss = _step(name, k, model)
     assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
-    for old, new, ref in zip(jax.tree.leaves(params), jax.tree.leaves(new_params), jax.tree.leaves(ref_grads)):
+    for old, new, ref in zip(jax.tree.leaves(params), jax.tree.leaves(new_params), jax.tree.leaves(ref_grads), strict=True):
         np.testing.assert_allclose(np.asarray(old) - np.asarray(new), ref, atol=2e-5)
         assert new.sharding.is_equivalent_to(old.sharding, old.ndim), name  # the step keeps layouts
 
@@ -112,7 +112,7 @@ def test_fully_2d_layout_gathers_weight_rows_and_activation_features(model):
     outputs = jax.jit(nn.layer_outputs)(params, batch[0])
     assert {o.sharding.spec for o in outputs} == {jax.P("data", "model")}
     gathers = [op for op in hlo.collectives(step, params, batch) if op.kind == "all-gather"]
-    weight_blocks = {(n_in, n_out // 2) for n_in, n_out in zip(SIZES[:-1], SIZES[1:])}
+    weight_blocks = {(n_in, n_out // 2) for n_in, n_out in zip(SIZES[:-1], SIZES[1:], strict=True)}
     over_data = [op.shape for op in gathers if op.group_size == 4]
     over_model = [op.shape for op in gathers if op.group_size == 2]
     assert over_data and set(over_data) <= weight_blocks  # full rows of a weight's column block
@@ -218,7 +218,7 @@ def test_tensor_parallel_reduce_scatters_each_layer_and_psums_the_loss(model):
 def test_uneven_splits_raise_a_clear_error(name, k, batch_size, sizes, needle):
     rng = np.random.default_rng(0)
     params = [(rng.normal(size=(a, b)).astype(np.float32), np.zeros(b, np.float32))
-              for a, b in zip(sizes[:-1], sizes[1:])]
+              for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
     batch = (np.zeros((batch_size, sizes[0]), np.float32), np.zeros((batch_size, sizes[-1]), np.float32))
     strategy = strategies.STRATEGIES[name]
     mesh = strategy.mesh(DEVICES[:k])
