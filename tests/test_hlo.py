@@ -483,3 +483,12 @@ def test_bad_input_gets_a_clear_error(call, error, word):
 def test_text_readers_accept_a_compiled_program():
     compiled = hlo.compile(lambda x: x * 2, jnp.ones(4))
     assert hlo.collectives_in_text(compiled) == []
+
+
+def test_xla_cpu_peak_memory_leaves_out_the_temporaries():
+    """Why MemoryStats.peak_bytes is the bound, not XLA's peak_memory_in_bytes: on XLA:CPU
+    the latter is arguments + outputs (to within a few bytes), with no temporaries."""
+    x = jax.device_put(jnp.ones((64, 64)), NamedSharding(mesh_of(8), P("x")))
+    stats = hlo.memory_per_device(lambda a: jnp.tanh(a @ a.T) @ a, x)
+    assert stats.temp_bytes > 0
+    assert abs(stats.xla_peak_bytes - (stats.argument_bytes + stats.output_bytes)) <= 64

@@ -131,8 +131,8 @@ class StepProfile:
             "collectives per step": used,
             "bytes sent": hlo.format_bytes(self.comm_bytes),
             "param bytes": hlo.format_bytes(self.param_bytes),
-            "peak memory (XLA)": hlo.format_bytes(self.peak_bytes),
             "temporaries": hlo.format_bytes(self.report.memory.temp_bytes),
+            "peak memory (bound)": hlo.format_bytes(self.peak_bytes),
             "step ms: median (min-max)": f"{self.step.median * 1e3:.2f} ({low * 1e3:.2f}-{high * 1e3:.2f})",
         }
 
@@ -225,7 +225,7 @@ def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
     panels = [
         ("bytes sent per device (KiB)", [p.comm_bytes / 1024 for p in profiles]),
         ("parameter bytes per device (KiB)", [p.param_bytes / 1024 for p in profiles]),
-        ("peak memory per device, XLA (KiB)", [p.peak_bytes / 1024 for p in profiles]),
+        ("peak memory per device, bound (KiB)", [p.peak_bytes / 1024 for p in profiles]),
     ]
     for ax, (title, values) in zip(axes[1:4], panels, strict=True):
         ax.barh(rows, values, color="C7")
