@@ -41,15 +41,13 @@ def main(argv: list[str]) -> int:
 
     devices = ensure_devices(args.devices)  # before anything else touches JAX
     import jax
-    from tabulate import tabulate
 
-    from spmd_guide import environment_summary, nn
-    from spmd_guide import strategies as st
+    from spmd_guide import environment_summary, nn, profiling
 
     on_cpu = devices[0].platform == "cpu"
     layers = args.layers or ([256, 2048, 2048, 2048, 256] if on_cpu else [1024, 8192, 8192, 8192, 1024])
     batch_size = args.batch or (1024 if on_cpu else 4096)
-    names = args.strategies or list(st.STRATEGIES)
+    names = args.strategies or list(nn.STRATEGIES)
     print(environment_summary())
     if on_cpu:
         print("CPU mock devices share the host's cores: read the times as overheads, not "
@@ -60,8 +58,8 @@ def main(argv: list[str]) -> int:
     print(f"MLP {layers} ({n_params:,} parameters), batch {batch_size}, {len(devices)} devices\n")
 
     start = time.perf_counter()
-    profiles = st.compare(names, params, batch, devices=devices, runs=args.runs)
-    print(st.comparison_table(profiles, tablefmt="github"))
+    profiles = profiling.compare(names, params, batch, devices=devices, runs=args.runs)
+    print(profiling.comparison_table(profiles))
     single = next((p for p in profiles if p.strategy == "single"), None)
     if single is not None:
         ratios = ", ".join(f"{p.strategy} {single.step.median / p.step.median:.2f}"

@@ -55,3 +55,11 @@ def test_reference_check_matches_on_every_device_count(model):
 def test_bad_input_is_refused(model, call, word):
     with pytest.raises(checks.InputError, match=word):
         call(*model)
+
+
+def test_train_run_trains_with_pinned_layouts_and_profiles_that_step(model):
+    params, batch = model
+    run = profiling.train_run("auto_fsdp", params, batch, steps=3, runs=1)
+    assert run.layouts_kept and len(run.losses) == 3 and run.losses[-1] < run.losses[0]
+    assert run.profile.strategy == "auto_fsdp" and run.profile.param_bytes * 8 == sum(
+        leaf.nbytes for leaf in jax.tree.leaves(params))

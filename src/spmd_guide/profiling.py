@@ -16,7 +16,7 @@ import numpy as np
 
 from spmd_guide import checks, hlo
 from spmd_guide.display import Table
-from spmd_guide.mlp import Batch, Params, mlp_loss, param_bytes_per_device
+from spmd_guide.mlp import Batch, Params, mlp_loss, param_bytes_per_device, train
 from spmd_guide.strategies import STRATEGIES, Strategy
 from spmd_guide.timing import Timing, time_fn
 
@@ -91,7 +91,7 @@ class StepProfile:
     (:func:`spmd_guide.hlo.report`); ``param_bytes`` is what one device stores of the
     parameters; ``step`` is the measured wall-clock time of the whole step. ``peak_bytes``
     is the memory analysis' upper bound (arguments + outputs + temporaries, as if all were
-    live at once).
+    live at once; see :class:`spmd_guide.hlo.MemoryStats`).
     """
 
     strategy: str
@@ -192,6 +192,41 @@ def compare(
         profile_step(s, params, batch, devices=devices, learning_rate=learning_rate, runs=runs)
         for s in strategies
     ]
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """One strategy trained for a few steps: the arrays as placed, as trained, the losses,
+    and the profile of the very step that trained them."""
+
+    strategy: str
+    params: Params
+    batch: Batch
+    trained: Params
+    losses: list[float]
+    profile: StepProfile
+
+    @property
+    def layouts_kept(self) -> bool:
+        """Whether every trained parameter has the sharding it was placed with."""
+        return all(new.sharding.is_equivalent_to(old.sharding, old.ndim) for new, old in
+                   zip(jax.tree.leaves(self.trained), jax.tree.leaves(self.params), strict=True))
+
+
+def train_run(strategy: Strategy | str, params: Params, batch: Batch, *, steps: int,
+              learning_rate: float = 0.01, devices: Sequence[jax.Device] | None = None,
+              runs: int = 10) -> TrainingRun:
+    """Lay out ``params``/``batch`` with ``strategy``, train ``steps`` SGD steps with
+    :meth:`Strategy.sgd_step` (layouts pinned), and profile that same step."""
+    strategy = _lookup(strategy)
+    steps = checks.count("steps", steps)
+    mesh = strategy.mesh(devices)
+    placed_params, placed_batch = strategy.shard(params, batch, mesh)
+    step = strategy.sgd_step(mesh, placed_params, learning_rate=learning_rate)
+    trained, losses = train(step, placed_params, placed_batch, steps=steps)
+    profile = profile_step(strategy, params, batch, devices=devices,
+                           learning_rate=learning_rate, runs=runs)
+    return TrainingRun(strategy.name, placed_params, placed_batch, trained, losses, profile)
 
 
 def comparison_table(profiles: Sequence[StepProfile]) -> Table:
