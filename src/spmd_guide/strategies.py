@@ -244,12 +244,9 @@ def _check_devices(strategy: str, n_devices: int, divisor: int, axis: str) -> No
 
 
 @dataclass(frozen=True)
-class AutoDataParallel(Strategy):
-    """Batch split over ``'batch'``, every parameter replicated; the
-    compiler adds the gradient all-reduce."""
-
-    name: ClassVar[str] = "auto_dp"
-    summary: ClassVar[str] = "jit: batch P('batch'), params replicated"
+class BatchSplit(Strategy):
+    """The data-parallel layout (for ``jit`` or ``shard_map``): a 1-D mesh ``'batch'``, the
+    batch split over it, every parameter replicated."""
 
     def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         return (n_devices,)
@@ -259,7 +256,36 @@ class AutoDataParallel(Strategy):
 
 
 @dataclass(frozen=True)
-class AutoDataTensorParallel(Strategy):
+class BatchAndParamsSplit(BatchSplit):
+    """The FSDP layout: :class:`BatchSplit`, and every parameter split over ``'batch'``
+    too (weights by rows, biases by entries)."""
+
+    def param_specs(self, params: Params) -> Specs:
+        return [(P("batch", None), P("batch")) for _ in params]
+
+
+@dataclass(frozen=True)
+class AutoDataParallel(BatchSplit):
+    """Batch split over ``'batch'``, every parameter replicated; the
+    compiler adds the gradient all-reduce."""
+
+    name: ClassVar[str] = "auto_dp"
+    summary: ClassVar[str] = "jit: batch P('batch'), params replicated"
+
+
+@dataclass(frozen=True)
+class TwoAxisMesh(Strategy):
+    """A 2-D mesh: ``model_size`` devices along the second axis, the rest along the first."""
+
+    model_size: int = 2
+
+    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+        _check_devices(self.name, n_devices, self.model_size, self.axis_names[1])
+        return (n_devices // self.model_size, self.model_size)
+
+
+@dataclass(frozen=True)
+class AutoDataTensorParallel(TwoAxisMesh):
     """``('batch', 'model')`` mesh: batch over ``'batch'``; hidden layers split over ``'model'`` in pairs.
 
     First and last layers replicated. The hidden layers alternate column-split
@@ -267,14 +293,9 @@ class AutoDataTensorParallel(Strategy):
     activation between a pair stays split over its features.
     """
 
-    model_size: int = 2
     name: ClassVar[str] = "auto_dp_tp"
     summary: ClassVar[str] = "jit: batch P('batch'), middle layers P(None,'model') / P('model',None)"
     axis_names: ClassVar[tuple[str, ...]] = ("batch", "model")
-
-    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        _check_devices(self.name, n_devices, self.model_size, "model")
-        return (n_devices // self.model_size, self.model_size)
 
     def param_specs(self, params: Params) -> Specs:
         specs = []
@@ -292,18 +313,13 @@ class AutoDataTensorParallel(Strategy):
 
 
 @dataclass(frozen=True)
-class Auto2D(Strategy):
+class Auto2D(TwoAxisMesh):
     """Every weight and the batch ``P('data', 'model')``: rows over
     ``'data'``, columns over ``'model'``."""
 
-    model_size: int = 2
     name: ClassVar[str] = "auto_2d"
     summary: ClassVar[str] = "jit: x, y and every W P('data','model')"
     axis_names: ClassVar[tuple[str, ...]] = ("data", "model")
-
-    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        _check_devices(self.name, n_devices, self.model_size, "model")
-        return (n_devices // self.model_size, self.model_size)
 
     def param_specs(self, params: Params) -> Specs:
         return [(P("data", "model"), P("model")) for _ in params]
@@ -313,7 +329,7 @@ class Auto2D(Strategy):
 
 
 @dataclass(frozen=True)
-class AutoFSDP(Strategy):
+class AutoFSDP(BatchAndParamsSplit):
     """Batch and every parameter split over ``'batch'`` (weights on their
     first axis).
 
@@ -326,15 +342,6 @@ class AutoFSDP(Strategy):
     summary: ClassVar[str] = (
         "jit: batch and params P('batch'), constrained to P() before use"
     )
-
-    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        return (n_devices,)
-
-    def param_specs(self, params: Params) -> Specs:
-        return [(P("batch", None), P("batch")) for _ in params]
-
-    def batch_spec(self) -> P:
-        return P("batch")
 
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
         whole = NamedSharding(mesh, P())
@@ -374,7 +381,7 @@ class _ShardMapStrategy(Strategy):
 
 
 @dataclass(frozen=True)
-class DataParallel(_ShardMapStrategy):
+class DataParallel(_ShardMapStrategy, BatchSplit):
     """Each device: the loss of its slice of the batch, then ``pmean`` over
     ``'batch'``.
 
@@ -385,12 +392,6 @@ class DataParallel(_ShardMapStrategy):
 
     name: ClassVar[str] = "dp"
     summary: ClassVar[str] = "shard_map: local loss, then pmean"
-
-    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        return (n_devices,)
-
-    def batch_spec(self) -> P:
-        return P("batch")
 
     def local_loss(self, params: Params, batch: Batch) -> jax.Array:
         return jax.lax.pmean(mlp_loss(params, batch), "batch")
@@ -416,7 +417,7 @@ FSDP_REMAT_POLICY = jax.checkpoint_policies.dots_saveable
 
 
 @dataclass(frozen=True)
-class FSDP(_ShardMapStrategy):
+class FSDP(_ShardMapStrategy, BatchAndParamsSplit):
     """Fully sharded data parallel: batch *and* parameters split over
     ``'batch'``.
 
@@ -434,15 +435,6 @@ class FSDP(_ShardMapStrategy):
     summary: ClassVar[str] = (
         "shard_map: params P('batch'), all_gather before use, remat"
     )
-
-    def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        return (n_devices,)
-
-    def param_specs(self, params: Params) -> Specs:
-        return [(P("batch", None), P("batch")) for _ in params]
-
-    def batch_spec(self) -> P:
-        return P("batch")
 
     def local_loss(self, params: Params, batch: Batch) -> jax.Array:
         layer = functools.partial(gathered_affine, axis_name="batch")
