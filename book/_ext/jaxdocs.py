@@ -7,7 +7,8 @@ A Sphinx extension (loaded through ``sphinx.local_extensions`` in ``_config.yml`
   document, is a build warning (an error in the strict build);
 - on every page, the FIRST inline-code mention of each documented JAX name (``jax.shard_map``,
   ``jax.lax.psum``, a call such as ``jax.jit(f)``) becomes the same link, without touching the
-  chapters; later mentions stay plain code;
+  chapters; later mentions stay plain code. Each linked mention is also an entry of the
+  book's general index, so the index lists every JAX API and the pages that use it;
 - each chapter page offers its executed notebook (``.ipynb``) beside its MyST source in the
   theme's download menu (copied from the build's executed notebooks into ``_sources/``).
 
@@ -25,11 +26,13 @@ import ast
 import importlib
 import json
 import shutil
+import warnings
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
@@ -72,17 +75,19 @@ def resolve_object(name: str) -> Any:
     parts = name.split(".")
     if parts[0] != "jax":
         raise LookupError(f"{name} is not a JAX name")
-    for split in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError as error:
-            raise LookupError(f"the installed JAX has no {name}") from error
-        return obj
+    with warnings.catch_warnings():  # a deprecated name resolves quietly (and is no API page)
+        warnings.simplefilter("ignore")
+        for split in range(len(parts), 0, -1):
+            try:
+                obj: Any = importlib.import_module(".".join(parts[:split]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[split:]:
+                    obj = getattr(obj, attr)
+            except AttributeError as error:
+                raise LookupError(f"the installed JAX has no {name}") from error
+            return obj
     raise LookupError(f"the installed JAX has no {name}")
 
 
@@ -154,7 +159,7 @@ def jax_role(name: str, rawtext: str, text: str, lineno: int, inliner: Any,
         message = inliner.reporter.warning(
             f"{{jax}}`{api}`: not a documented name of the installed JAX", line=lineno)
         return [nodes.literal(rawtext, api)], [message]
-    return [_link(api, api, target)], []
+    return _indexed(inliner.document, api, _link(api, api, target)), []
 
 
 class LinkFirstMentions(SphinxTransform):
@@ -181,7 +186,15 @@ class LinkFirstMentions(SphinxTransform):
             linked.add(name)
             link = _link(name, node.astext(), target)
             link.children = [node.deepcopy()]
-            node.replace_self(link)
+            node.replace_self(_indexed(self.document, name, link))
+
+
+def _indexed(document: nodes.document, name: str, link: nodes.reference) -> list[nodes.Node]:
+    """``link`` preceded by a general-index entry for ``name`` and the target it points to."""
+    target = nodes.target("", "")
+    target_id = document.set_id(target, suggested_prefix="jax-api")
+    index = addnodes.index(entries=[("single", f"{name} (JAX API)", target_id, "", None)])
+    return [index, target, link]
 
 
 def _inside(node: nodes.Node, kind: type) -> bool:

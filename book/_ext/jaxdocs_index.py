@@ -30,7 +30,7 @@ def _full(name: str, module: str) -> str:
 def pages(docs: Path) -> dict[str, str]:
     """``{full name: page (and #anchor)}`` for every name the rst files of ``docs`` document."""
     found: dict[str, str] = {}
-    for rst in sorted(docs.glob("jax*.rst")):
+    for rst in sorted([docs / "jax.rst", *docs.glob("jax.*.rst")]):
         doc = rst.stem
         if doc != "jax":
             found.setdefault(doc, f"{doc}.html")

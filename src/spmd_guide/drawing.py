@@ -130,12 +130,12 @@ def figure_html(fig: Any, *, alt: str | None = None) -> str:
                            for k in ("width", "height"))
     width, height = width_pt * _PX_PER_PT, height_pt * _PX_PER_PT
     smallest_px = smallest_text_pt(fig) * _PX_PER_PT
-    narrowest = min(width, width * MIN_TEXT_PX / smallest_px)
+    narrowest = math.ceil(width * MIN_TEXT_PX / smallest_px)  # wider than natural if need be
     alt = alt or getattr(fig, "alt", "") or describe(fig)
     data = base64.b64encode(svg.encode()).decode()
     return (f"<div class='spmd-figure'><img src='data:image/svg+xml;base64,{data}' "
             f"alt='{html.escape(alt, quote=True)}' width='{width:.0f}' height='{height:.0f}' "
-            f"style='min-width:{narrowest:.0f}px'></div>")
+            f"style='min-width:{narrowest}px'></div>")
 
 
 def figure_bundle(fig: Any) -> dict[str, str]:
