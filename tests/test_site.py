@@ -2,8 +2,9 @@
 
 Serves ``_build/html`` on 127.0.0.1 and opens every page in Debian's Chromium (driven by
 Playwright) at 1280 px and at 400 px. A page fails on any console or page error, on a request
-that fails, on horizontal overflow at 400 px, on an image that does not load, on a raster image
-shown larger than 1/1.5 of its natural width (blurry on a hi-DPI screen), on an internal link or
+that fails, on horizontal overflow at 400 px, on an image that does not load or has no alt text
+(a file name is none), on a raster image shown larger than 1/1.5 of its natural width (blurry on
+a hi-DPI screen), on an internal link or
 ``#anchor`` that leads nowhere, and on raw ANSI escapes or a Python traceback in its text.
 Screenshots of every page at both widths go to ``_build/screenshots/`` for review.
 
@@ -160,8 +161,9 @@ def _visit(browser, base: str, pages: list[str], width: int,
                   and image["natural"] < MIN_DENSITY * image["shown"] - 0.5):
                 note("blurry raster image",
                      f"{image['src']}: {image['natural']} px shown at {image['shown']:.0f} px")
-            if not image["alt"]:
-                note("image without alt text", image["src"])
+            alt = (image["alt"] or "").strip()
+            if not alt or re.search(r"\.(png|svg|jpe?g|gif)$", alt):  # none, or a file name
+                note("image without alt text", image["src"][:120])
         if ANSI.search(facts["text"]):
             note("raw ANSI escapes", ANSI.search(facts["text"]).group(0))
         if TRACEBACK in facts["text"]:
