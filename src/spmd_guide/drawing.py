@@ -85,16 +85,19 @@ def _figure_class() -> type:
     return DrawnFigure
 
 
-def subplots(nrows: int = 1, ncols: int = 1, *, alt: str, **options: Any) -> tuple[Any, Any]:
+def subplots(nrows: int = 1, ncols: int = 1, *, alt: str, keep_open: bool = False,
+             **options: Any) -> tuple[Any, Any]:
     """``plt.subplots`` for a figure that carries its alt text (shown by :func:`figure_html`).
 
-    The figure is closed for pyplot: display it by returning it from a cell.
+    The figure is closed for pyplot, so a notebook shows it once, when a cell returns it;
+    ``keep_open=True`` leaves it to pyplot, which shows it at the end of the cell.
     """
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(nrows, ncols, FigureClass=_figure_class(), **options)
     fig.alt = alt
-    plt.close(fig)
+    if not keep_open:
+        plt.close(fig)
     return fig, axes
 
 
@@ -553,7 +556,7 @@ def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
     by_id = _positions(devices, order, complete=True)
     chip_w, chip_h, gap = 128, 88, 34
     core_w, core_h, pad = 48, 40, 4  # pad: how far a link keeps from a core it passes
-    label_w = 70  # the room a "chip (x, y)" label takes
+    label_w = 80  # the room a "chip (x, y)" label takes (12 px text)
 
     def corner(coords: Sequence[int]) -> Point:
         return coords[0] * (chip_w + gap), coords[1] * (chip_h + gap)

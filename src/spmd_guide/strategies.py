@@ -770,7 +770,7 @@ def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
 
     names = [p.strategy for p in profiles]
     rows = np.arange(len(profiles))
-    fig, grid = subplots(3, 2, figsize=(7.0, 3 * (0.28 * len(profiles) + 1.0)),
+    fig, grid = subplots(3, 2, figsize=(7.0, 3 * (0.28 * len(profiles) + 1.0)), keep_open=True,
                          alt="Bar charts comparing " + ", ".join(names) + " per device and SGD "
                          "step: collectives, bytes sent, parameter bytes, peak memory, step time.")
     axes = grid.ravel()
