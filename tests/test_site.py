@@ -169,9 +169,22 @@ def _visit(browser, base: str, pages: list[str], width: int,
         if TRACEBACK in facts["text"]:
             note("traceback in page", TRACEBACK)
         seen.setdefault(name, facts)
-        shot = SHOTS / f"{name.removesuffix('.html').replace('/', '__')}-{width}.png"
-        page.screenshot(path=str(shot), full_page=True)
+        shot = SHOTS / f"{name.removesuffix('.html').replace('/', '__')}-{width}.jpg"
+        page.screenshot(path=str(shot), full_page=True, type="jpeg", quality=80)
     context.close()
+
+
+def _visit_in_own_browser(*args: object) -> None:
+    """One width in its own Playwright and Chromium (one per thread): the two widths run at
+    once, using both cores."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            _visit(browser, *args)
+        finally:
+            browser.close()
 
 
 def _check_links(site: Path, base: str, seen: dict[str, dict],
@@ -192,21 +205,27 @@ def _check_links(site: Path, base: str, seen: dict[str, dict],
 
 
 def test_every_page_in_a_browser(server):
-    from playwright.sync_api import sync_playwright
-
     site, base = server
     pages, redirects = _pages(site)
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     problems: dict[str, list[str]] = defaultdict(list)
     seen: dict[str, dict] = {}
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    errors: list[BaseException] = []
+
+    def run(width: int) -> None:
         try:
-            for width in WIDTHS:
-                _visit(browser, base, pages, width, problems, seen)
-        finally:
-            browser.close()
+            _visit_in_own_browser(base, pages, width, problems, seen)
+        except BaseException as error:  # noqa: BLE001  (re-raised in the test's thread)
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(width,)) for width in WIDTHS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
     _check_links(site, base, seen, problems)
     for name, target in redirects.items():
         if not (site / Path(name).parent / target).is_file():
