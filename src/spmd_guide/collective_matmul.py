@@ -491,13 +491,13 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
 
 def draw_ring(name: str, ring: int, **options: Any) -> Any:
     """Draw ``ring_schedule(name, ring)`` with
-    :func:`spmd_guide.collectives.draw_panels`; return the Figure.
+    :func:`spmd_guide.drawing.draw_panels`; return the Figure.
 
     One panel per step, one row per device; a cell is a block number,
     coloured as the device the block starts on (all-gather family) or ends
     on (reduce-scatter family). Arrows are the sends between steps.
     """
-    from spmd_guide.collectives import Panel, draw_panels
+    from spmd_guide.drawing import Panel, draw_panels
 
     steps = ring_schedule(name, ring)
     gather = name.startswith("allgather")
@@ -514,6 +514,8 @@ def draw_ring(name: str, ring: int, **options: Any) -> Any:
                     [list(b) for b in step.blocks]) for step in steps]
     options.setdefault("title", f"{name}, {ring} devices: {what}")
     options.setdefault("fmt", "R{:g}" if gather else "O{:g}")
+    options.setdefault("alt", f"{name} on a ring of {ring} devices, step by step: {what}; "
+                       "arrows are the blocks each device sends to the next.")
     return draw_panels(
         panels, arrows=[list(step.sends) or None for step in steps[:-1]],
         gap_labels=[step.label for step in steps[:-1]], **options)

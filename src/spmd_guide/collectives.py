@@ -12,10 +12,10 @@ This module holds
   on its block -- gathered in the registry :data:`EXAMPLES` with the input each is shown on;
 - :func:`per_device_result`, which runs a kernel and returns what *every* device holds
   afterwards (the thing the pictures draw and the tests compare with numpy);
-- a general drawing function, :func:`draw_panels`, that draws what each device holds at
-  several moments (:class:`Panel`), coloured by the device each value came from, with
-  optional arrows for point-to-point sends; :func:`draw_collective` applies it to an example
-  (the collective matmul chapter reuses it for its ring diagrams);
+- :func:`draw_collective`, the before/after picture of an example, drawn by
+  :func:`spmd_guide.drawing.draw_panels` (re-exported here with :class:`Panel`,
+  :func:`device_color` and :data:`COMBINED`), which the collective matmul chapter reuses for
+  its ring diagrams;
 - what the compiler makes of each example (:func:`hlo_rows`: HLO op, count, bytes per device
   from :mod:`spmd_guide.hlo`) and how the ring cost grows with the devices
   (:func:`ring_scaling`);
@@ -42,11 +42,15 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide import hlo
+from spmd_guide.drawing import (  # noqa: F401  (the pictures' vocabulary, re-exported)
+    COMBINED,
+    Panel,
+    before_after,
+    device_color,
+    draw_panels,
+)
 
 Kernel = Callable[[jax.Array, str], jax.Array]
-
-COMBINED = -1
-"""Origin marker for a value reduced over several devices (drawn white with a grey border)."""
 
 # --------------------------------------------------------------------------------------
 # Checks at the boundary
@@ -359,213 +363,6 @@ def run_example(name: str, mesh: Mesh, *, axis_name: str = "x") -> tuple[np.ndar
 # --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Panel:
-    """What every device holds at one moment, for :func:`draw_panels`.
-
-    ``values[d]`` is what device d holds (any shape; drawn flattened, one cell per element).
-    ``origins[d]`` has the same size: for each cell, the device whose colour it gets, or
-    :data:`COMBINED` (-1) for a value reduced over several devices. By default every cell
-    takes the colour of the device holding it. ``caption`` is drawn under the panel.
-    """
-
-    title: str
-    values: Sequence[Any]
-    origins: Sequence[Any] | None = None
-    caption: str = ""
-
-    def cells(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per device: (flat values, flat origin of each value), checked for matching sizes."""
-        out = []
-        for d, held in enumerate(self.values):
-            flat = np.ravel(np.asarray(held))
-            if self.origins is None:
-                origin = np.full(flat.shape, d)
-            else:
-                origin = np.ravel(np.asarray(self.origins[d])).astype(int)
-                if origin.shape != flat.shape:
-                    raise ValueError(
-                        f"panel {self.title!r}: device {d} holds {flat.size} values but has "
-                        f"{origin.size} origins; give one origin per value."
-                    )
-            out.append((flat, origin))
-        if self.origins is not None and len(self.origins) != len(self.values):
-            raise ValueError(
-                f"panel {self.title!r}: values for {len(self.values)} devices but origins for "
-                f"{len(self.origins)}."
-            )
-        return out
-
-
-def device_color(origin: int) -> tuple[float, float, float, float]:
-    """Device ``origin``'s colour, the same as in :mod:`spmd_guide.show` (``PALETTE``, repeating
-    after its length); white for :data:`COMBINED` (drawn with a grey border)."""
-    from matplotlib.colors import to_rgba
-
-    from spmd_guide.show import PALETTE
-
-    if origin == COMBINED:
-        return (1.0, 1.0, 1.0, 1.0)
-    if origin < 0:
-        raise ValueError(f"an origin is a device index >= 0 or COMBINED (-1), got {origin}.")
-    return to_rgba(PALETTE[origin % len(PALETTE)])
-
-
-def _label(value: Any, fmt: str) -> str:
-    return fmt.format(value.item() if hasattr(value, "item") else value)
-
-
-def draw_panels(
-    panels: Sequence[Panel],
-    *,
-    arrows: Sequence[Sequence[tuple[int, int]] | None] | None = None,
-    gap_labels: Sequence[str] | None = None,
-    title: str | None = None,
-    fmt: str = "{:g}",
-    cell_inches: float = 0.32,
-    device_label: str = "device {}",
-) -> Any:
-    """Draw what each device holds at successive moments, left to right; return the Figure.
-
-    Each panel is a grid with one row per device (device 0 on top) and one cell per value,
-    labelled with the value (``fmt``) and coloured by the device the value came from
-    (:func:`device_color`; white for values combined over devices). Between panel k and k+1:
-
-    - ``arrows[k]``: (source device, destination device) pairs, drawn as arrows from the
-      source row of panel k to the destination row of panel k+1 (e.g. a ring of sends);
-    - ``gap_labels[k]``: text over the gap (e.g. the collective's name).
-
-    Works for any number of panels and devices (colours repeat after ``len(PALETTE)``
-    devices). A ring diagram is a list of panels, one per step, with the ring's sends as
-    ``arrows``; for example, four devices passing blocks of ``rhs`` one step round a ring::
-
-        ring = [(i, (i + 1) % 4) for i in range(4)]
-        held = [[0, 1, 2, 3], [3, 0, 1, 2], [2, 3, 0, 1]]  # held[k][d]: block on d at step k
-        steps = [Panel(f"step {k}", [[f"B{b}"] for b in held[k]], origins=[[b] for b in held[k]])
-                 for k in range(3)]
-        fig = draw_panels(steps, arrows=[ring, ring], gap_labels=["ppermute", "ppermute"],
-                          fmt="{}")
-
-    Values may be numbers (labelled with ``fmt``) or strings (use ``fmt="{}"``). Every cell
-    is a ``Rectangle`` with gid ``"cell"``, every arrow a ``FancyArrowPatch`` with gid
-    ``"arrow"`` and every cell label a ``Text`` with gid ``"value"``, so tests can count
-    them. The figure is closed before it is returned: display it (a notebook shows a
-    returned figure) or save it with ``fig.savefig``.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
-
-    if not panels:
-        raise ValueError("draw_panels needs at least one Panel.")
-    contents = [panel.cells() for panel in panels]
-    n_devices = len(contents[0])
-    if n_devices == 0:
-        raise ValueError("a Panel needs the values of at least one device.")
-    for panel, cells in zip(panels, contents):
-        if len(cells) != n_devices:
-            raise ValueError(
-                f"panel {panel.title!r} has {len(cells)} devices, the first panel {n_devices}: "
-                "every panel must show the same devices."
-            )
-    gaps = len(panels) - 1
-    arrows = list(arrows) if arrows is not None else [None] * gaps
-    gap_labels = list(gap_labels) if gap_labels is not None else [""] * gaps
-    if len(arrows) != gaps or len(gap_labels) != gaps:
-        raise ValueError(
-            f"{len(panels)} panels have {gaps} gaps: give arrows and gap_labels one entry per "
-            f"gap (got {len(arrows)} and {len(gap_labels)})."
-        )
-    for sends in arrows:
-        for src, dst in sends or ():
-            if not (0 <= src < n_devices and 0 <= dst < n_devices):
-                raise ValueError(f"arrow ({src}, {dst}) names a device outside 0..{n_devices - 1}.")
-
-    layout = _Layout.of(panels, contents, gap_labels, title)
-    any_combined = any((origin == COMBINED).any() for cells in contents for _, origin in cells)
-    top = 2.2 if title else 1.4
-    bottom = (1.6 if any(panel.caption for panel in panels) else 0.6) + (0.9 if any_combined else 0)
-    fig, ax = plt.subplots(figsize=(layout.width * cell_inches,
-                                    (n_devices + top + bottom) * cell_inches))
-    fig.subplots_adjust(0, 0, 1, 1)
-    ax.set_xlim(0, layout.width)
-    ax.set_ylim(n_devices + bottom, -top)
-    ax.set_aspect("equal")
-    ax.axis("off")
-    size = max(5.0, cell_inches * 25)  # points: the text scales with the cells
-    # Cells and arrows go in with add_artist, not add_patch: the limits are fixed above,
-    # and add_patch's per-patch limit update costs more than drawing them.
-
-    for d in range(n_devices):
-        ax.text(layout.cells_at[0] - 0.3, d + 0.5, device_label.format(d), ha="right",
-                va="center", fontsize=size)
-    for k, (panel, cells) in enumerate(zip(panels, contents)):
-        x0, middle = layout.cells_at[k], layout.cells_at[k] + layout.widths[k] / 2
-        ax.text(middle, -0.35, panel.title, ha="center", va="bottom", fontsize=size * 1.05,
-                fontweight="bold")
-        if panel.caption:
-            ax.text(middle, n_devices + 0.3, panel.caption, ha="center", va="top",
-                    fontsize=size * 0.95)
-        for d, (flat, origin) in enumerate(cells):
-            for i, (value, src) in enumerate(zip(flat, origin)):
-                ax.add_artist(Rectangle((x0 + i, d + 0.06), 1, 0.88,
-                                        facecolor=device_color(src),
-                                        edgecolor=_CELL_EDGE[src == COMBINED], linewidth=1.0,
-                                        gid="cell"))
-                ax.text(x0 + i + 0.5, d + 0.5, _label(value, fmt), ha="center", va="center",
-                        fontsize=size * 0.9, gid="value")
-    for k in range(len(panels) - 1):
-        x_from = layout.cells_at[k] + layout.widths[k] + 0.25
-        x_to = layout.cells_at[k + 1] - 0.25
-        for src, dst in arrows[k] or ():
-            ax.add_artist(FancyArrowPatch((x_from, src + 0.5), (x_to, dst + 0.5),
-                                          arrowstyle="-|>", mutation_scale=9, color="0.25",
-                                          linewidth=0.9, gid="arrow"))
-        if not arrows[k]:
-            ax.annotate("", xy=(x_to, n_devices / 2), xytext=(x_from, n_devices / 2),
-                        arrowprops=dict(arrowstyle="-|>", color="0.35", linewidth=1.5))
-        if gap_labels[k]:
-            y = -0.35 if arrows[k] else n_devices / 2 - 0.25
-            ax.text((x_from + x_to) / 2, y, gap_labels[k], ha="center", va="bottom",
-                    fontsize=size * 0.95, style="italic")
-    if title:
-        ax.text(layout.width / 2, -top + 0.2, title, ha="center", va="top", fontsize=size * 1.2)
-    if any_combined:
-        ax.legend(handles=[Patch(facecolor=device_color(COMBINED), edgecolor=_CELL_EDGE[True],
-                                 label="combined over all devices (a reduction)")],
-                  loc="lower center", fontsize=size * 0.9, frameon=False,
-                  bbox_to_anchor=(0.5, 0.0))
-    plt.close(fig)  # returned, not shown twice: a notebook displays the returned figure
-    return fig
-
-
-_CELL_EDGE = {False: "white", True: "0.55"}
-_CHAR = 0.21  # width of one character of label text, in cells, at the default font size
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Where each panel's cells start (x, in cell units), their widths, the figure's width."""
-
-    cells_at: tuple[float, ...]
-    widths: tuple[int, ...]
-    width: float
-
-    @classmethod
-    def of(cls, panels: Sequence[Panel], contents: list, gap_labels: Sequence[str],
-           title: str | None) -> _Layout:
-        widths = tuple(max(1, max(flat.size for flat, _ in cells)) for cells in contents)
-        cursor, cells_at = 4.2, []  # room for the device labels on the left
-        for k, (panel, width) in enumerate(zip(panels, widths)):
-            # A panel's slot is wide enough for its cells, its title and its caption.
-            slot = max(width, _CHAR * 1.1 * len(panel.title), _CHAR * len(panel.caption))
-            cells_at.append(cursor + (slot - width) / 2)
-            cursor += slot
-            if k < len(gap_labels):
-                cursor += max(4.0, _CHAR * len(gap_labels[k]) + 1.0)
-        width = max(cursor + 0.5, _CHAR * 1.2 * len(title or "") + 1.0)
-        return cls(tuple(cells_at), widths, width)
-
-
 def example_panels(name: str, mesh: Mesh, *, axis_name: str = "x") -> list[Panel]:
     """The before/after panels of the worked example ``name``, values computed on ``mesh``.
 
@@ -587,14 +384,7 @@ def example_panels(name: str, mesh: Mesh, *, axis_name: str = "x") -> list[Panel
     else:
         origins = np.broadcast_to(
             np.arange(n).reshape((n,) + (1,) * (result.ndim - 1)), result.shape)
-    return [
-        Panel("before", list(before), caption=f"each device: {_shape(before[0])}"),
-        Panel("after", list(result), list(origins), caption=f"each device: {_shape(result[0])}"),
-    ]
-
-
-def _shape(block: np.ndarray) -> str:
-    return f"{block.dtype.name[0]}{block.dtype.itemsize * 8}[{','.join(map(str, block.shape))}]"
+    return before_after(before, result, origins)
 
 
 def draw_collective(name: str, mesh: Mesh, *, axis_name: str = "x", **options: Any) -> Any:
@@ -603,6 +393,10 @@ def draw_collective(name: str, mesh: Mesh, *, axis_name: str = "x", **options: A
     n = axis_size(mesh, axis_name)
     sends = ex.arrows(n)
     options.setdefault("title", f"jax.lax.{ex.call}")
+    options.setdefault("alt", f"jax.lax.{ex.call} on {n} devices: each device's block before, "
+                       "then what each device holds after, coloured by the device each value "
+                       "came from" + (" (white: summed over all devices)"
+                                      if ex.movement == "combined" else "") + ".")
     return draw_panels(example_panels(name, mesh, axis_name=axis_name),
                        arrows=[sends or None], gap_labels=[ex.hlo_op or "no communication"],
                        **options)
