@@ -12,7 +12,7 @@ from jax.sharding import AxisType
 
 from spmd_guide import collective_matmul as cm
 from spmd_guide import collectives as C
-from spmd_guide import drawing, show, strategies
+from spmd_guide import drawing, hlo, profiling, show, tpu_ring
 
 SOURCE = Path(drawing.__file__)
 
@@ -38,10 +38,10 @@ def _shown(figure_html: str) -> tuple[float, float]:
 def test_drawing_is_a_base_module_and_the_one_palette():
     imported = {node.module for node in ast.walk(ast.parse(SOURCE.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not any(name.startswith("spmd_guide") for name in imported)
+    assert {name for name in imported if name.startswith("spmd_guide")} <= {"spmd_guide.display"}
     assert show.PALETTE is drawing.PALETTE and C.device_color is drawing.device_color
     assert show.Html is drawing.Html and C.Panel is drawing.Panel
-    assert show.tpu_v3_tray is drawing.tpu_v3_tray
+    assert show.tpu_v3_tray is tpu_ring.tpu_v3_tray
     assert drawing.FONT_STACK[0] == "DejaVu Sans"  # what matplotlib draws with
 
 
@@ -94,10 +94,10 @@ def test_use_svg_figures_outside_ipython_changes_nothing():
 
 def test_plot_comparison_text_is_readable_in_the_column():
     timing = type("T", (), {"median": 1e-3, "spread": (9e-4, 2e-3), "device_kind": "cpu"})()
-    profile = type("P", (), {"strategy": "dp", "counts": dict.fromkeys(strategies.hlo.KINDS, 1),
+    profile = type("P", (), {"strategy": "dp", "counts": dict.fromkeys(hlo.KINDS, 1),
                              "comm_bytes": 2048, "param_bytes": 4096, "peak_bytes": 8192,
                              "step": timing})()
-    fig = strategies.plot_comparison([profile, profile])
+    fig = profiling.plot_comparison([profile, profile])
     width, narrowest = _shown(drawing.figure_html(fig))
     assert width <= drawing.COLUMN_PX
     assert drawing.smallest_text_pt(fig) * 96 / 72 * min(width, drawing.COLUMN_PX) / width >= 11
@@ -105,7 +105,7 @@ def test_plot_comparison_text_is_readable_in_the_column():
 
 
 def test_ring_diagram_svg_has_a_title_and_readable_text():
-    svg = drawing.ring_diagram(drawing.tpu_v3_tray(), [0, 1, 3, 2, 6, 7, 5, 4], title="ring").html
+    svg = tpu_ring.ring_diagram(tpu_ring.tpu_v3_tray(), [0, 1, 3, 2, 6, 7, 5, 4], title="ring").html
     assert "<title>ring: D0 -&gt; D1" in svg and "role='img'" in svg
     sizes = [float(s) for s in re.findall(r"font-size='([\d.]+)'", svg)]
     assert sizes and min(sizes) >= drawing.MIN_TEXT_PX
@@ -116,8 +116,8 @@ def test_ring_diagram_svg_has_a_title_and_readable_text():
     (lambda: drawing.draw_panels([]), ValueError, "at least one"),
     (lambda: drawing.Panel("a", [[1, 2]], origins=[[0]]).cells(), ValueError, "one origin"),
     (lambda: drawing.Panel("a", [[1]], origins=[[0], [1]]).cells(), ValueError, "origins for"),
-    (lambda: drawing.ring_hops([object()], [0]), ValueError, "coords"),
-    (lambda: drawing.ring_diagram(drawing.tpu_v3_tray(), [0, 1]), ValueError, "every device"),
+    (lambda: tpu_ring.ring_hops([object()], [0]), ValueError, "coords"),
+    (lambda: tpu_ring.ring_diagram(tpu_ring.tpu_v3_tray(), [0, 1]), ValueError, "every device"),
 ])
 def test_bad_input_gets_a_clear_error(call, error, word):
     with pytest.raises(error, match=word):

@@ -11,22 +11,60 @@ from __future__ import annotations
 import html
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from spmd_guide import checks
 
-#: The font stacks of everything the package draws or prints as HTML.
-FONT = "system-ui,-apple-system,Segoe UI,Roboto,Helvetica,Arial,sans-serif"
-MONO = "ui-monospace,DejaVu Sans Mono,Menlo,Consolas,monospace"
+#: Paul Tol's "light" qualitative colour scheme, in his recommended order: told apart under the
+#: common colour-vision deficiencies, and light enough for dark text (:data:`TEXT`) on top
+#: (contrast above 7:1 for each colour, WCAG AAA).
+PALETTE = (
+    "#77AADD", "#EE8866", "#EEDD88", "#FFAABB", "#99DDFF",
+    "#44BB99", "#BBCC33", "#AAAA00", "#DDDDDD",
+)
+TEXT = "#1a1a1a"
+#: One font stack for HTML and figures: matplotlib draws with its own DejaVu Sans, the first.
+FONT_STACK = ("DejaVu Sans", "Verdana", "system-ui", "Segoe UI", "Helvetica", "Arial",
+              "sans-serif")
+MONO_STACK = ("DejaVu Sans Mono", "ui-monospace", "Menlo", "Consolas", "monospace")
+# CSS declarations without quotes: they sit inside single-quoted style attributes.
+FONT_CSS = f"font-family:{','.join(FONT_STACK)};"
+MONO_CSS = f"font-family:{','.join(MONO_STACK)};"
 
 _ALIGNS = ("left", "right")
 
 
-class Html(str):
-    """A string of HTML that a notebook displays as HTML (and ``str()`` leaves as is)."""
+@dataclass(frozen=True)
+class Html:
+    """Rendered HTML with a plain-text twin: notebooks and the book show the HTML."""
+
+    html: str
+    text: str
 
     def _repr_html_(self) -> str:
-        return str(self)
+        return self.html
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def side_by_side(*items: object, gap: str = "14px") -> Html:
+    """Objects with ``_repr_html_`` next to each other, wrapping onto new lines as needed."""
+    for item in items:
+        if not hasattr(item, "_repr_html_"):
+            raise checks.InputTypeError(
+                f"side_by_side shows things that display as HTML (tables, grids), got "
+                f"{type(item).__name__}.")
+    parts = [item._repr_html_() for item in items]  # type: ignore[attr-defined]
+    markup = (
+        f"<div style='display:flex;flex-wrap:wrap;gap:{gap};align-items:flex-start'>"
+        + "".join(f"<div>{part}</div>" for part in parts)
+        + "</div>"
+    )
+    return Html(html=markup, text="\n\n".join(str(item) for item in items))
 
 
 class Table:
@@ -81,7 +119,7 @@ class Table:
         for i, row in enumerate(self.rows):
             bold = "font-weight:bold;" if self.bold_last and i == len(self.rows) - 1 else ""
             body.append("<tr>" + "".join(
-                cell("td", row[h], h, f"font-family:{MONO};{bold}") for h in self.headers)
+                cell("td", row[h], h, f"{MONO_CSS}{bold}") for h in self.headers)
                 + "</tr>")
         caption = (f'<caption style="text-align:left;font-weight:bold">'
                    f"{html.escape(self.title)}</caption>") if self.title else ""
@@ -97,7 +135,8 @@ def stack(*parts: Any) -> Html:
             out.append(part._repr_html_())
         else:
             out.append(f"<p>{html.escape(str(part))}</p>")
-    return Html("<div>" + "".join(out) + "</div>")
+    return Html(html="<div>" + "".join(out) + "</div>",
+                text="\n\n".join(str(part) for part in parts))
 
 
 def wrap(text: str, *, width: int = 76) -> str:

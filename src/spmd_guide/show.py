@@ -23,17 +23,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tabulate import tabulate
 
-from spmd_guide.drawing import FONT_CSS as _FONT
-from spmd_guide.drawing import MONO_CSS as _MONO
-from spmd_guide.drawing import (  # noqa: F401  (ring pictures: re-exported for the chapters)
-    PALETTE,
-    Html,
+from spmd_guide.display import FONT_CSS as _FONT
+from spmd_guide.display import MONO_CSS as _MONO
+from spmd_guide.display import PALETTE, Html, side_by_side
+from spmd_guide.display import TEXT as _TEXT
+from spmd_guide.tpu_ring import (  # noqa: F401  (ring pictures: re-exported for the chapters)
     TrayDevice,
     ring_diagram,
     ring_hops,
     tpu_v3_tray,
 )
-from spmd_guide.drawing import TEXT as _TEXT
 
 #: Arrays larger than this are shown without their values (``data=True`` raises).
 MAX_DATA_ELEMENTS = 4096
@@ -291,17 +290,6 @@ def _values_html(values: np.ndarray, box: str) -> str:
         f"<table style='border-collapse:collapse;margin:0;font-size:0.78em;{_MONO}{box}'>"
         f"{''.join(rows)}</table>"
     )
-
-
-def side_by_side(*items: object, gap: str = "14px") -> Html:
-    """Objects with ``_repr_html_`` next to each other, wrapping onto new lines as needed."""
-    parts = [item._repr_html_() for item in items]  # type: ignore[attr-defined]
-    markup = (
-        f"<div style='display:flex;flex-wrap:wrap;gap:{gap};align-items:flex-start'>"
-        + "".join(f"<div>{part}</div>" for part in parts)
-        + "</div>"
-    )
-    return Html(html=markup, text="\n\n".join(str(item) for item in items))
 
 
 @dataclass(frozen=True)
