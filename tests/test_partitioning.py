@@ -610,3 +610,19 @@ def test_valid_inputs_that_used_to_fail_or_mislead():
     assert pt.sharding_text(P("x")) == "P('x')"  # a spec, not a sharding: read as itself
     assert dict(pt.auto_mesh(8, ("x",)).shape) == {"x": 8}
     assert dict(pt.auto_mesh((np.int64(2), 4), ("a", "b")).shape) == {"a": 2, "b": 4}
+
+
+def test_explicit_chapter_both_fixes_compile_to_one_program():
+    """explicit_sharding.md: out_sharding= and jax.reshard(b, P()) give the same program,
+    whose two all-gathers assemble b over 'x' and a's columns over 'y'."""
+    mesh = mesh_of(8, ("x", "y"), (4, 2), explicit=True)
+    with jax.set_mesh(mesh):
+        a = jax.device_put(np.arange(32.0).reshape(8, 4), P("x", "y"))
+        b = jax.device_put(np.arange(32.0).reshape(4, 8), P("x", None))
+        fix_out = jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=P("x", None)))
+        fix_reshard = jax.jit(lambda a, b: a @ jax.reshard(b, P()))
+        first, second = pt.partitioning(fix_out, a, b), pt.partitioning(fix_reshard, a, b)
+        other = pt.partitioning(jax.jit(lambda x: x * 2), jax.device_put(np.ones(8), P()))
+    assert hlo_text.same_program(first.compiled, second.compiled)
+    assert sorted((op.shape, op.group_size) for op in first.ops) == [((2, 4), 2), ((4, 8), 4)]
+    assert not hlo_text.same_program(first.compiled, other.compiled)

@@ -29,7 +29,7 @@ from spmd_guide import checks
 
 __all__ = [
     "KINDS", "Buffer", "Instruction", "Module", "entry_computation", "entry_instructions",
-    "lines_with", "parse_module", "parse_replica_groups", "parse_shape", "program_text",
+    "lines_with", "parse_module", "same_program", "parse_replica_groups", "parse_shape", "program_text",
     "reachable",
 ]
 
@@ -444,6 +444,14 @@ def entry_computation(text: str | jax.stages.Compiled) -> str:
     if not lines:
         raise checks.InputError("no ENTRY computation found in the HLO text.")
     return "\n".join(lines)
+
+
+def same_program(first: str | jax.stages.Compiled, second: str | jax.stages.Compiled) -> bool:
+    """Whether two compiled programs have the same entry computation, up to the numbering
+    XLA gives instruction and computation names (``%all-gather.1`` vs ``%all-gather.3``)."""
+    number = re.compile(r"(?<=[\w\-])\.\d+\b")
+    return (number.sub("", entry_computation(first))
+            == number.sub("", entry_computation(second)))
 
 
 def lines_with(text: str | jax.stages.Compiled, *needles: str) -> list[str]:
