@@ -355,3 +355,13 @@ def test_chapter_exercise_uneven_shape():
     cm.check_shapes(lhs, rhs, rows_by=8, contraction_by=8)
     with pytest.raises(ValueError, match="contraction K = 24 is not divisible by 16"):
         cm.allgather_bidi(lhs, rhs, mesh_of(8), "x")
+
+
+def test_cpu_widens_even_a_bare_bfloat16_all_gather():
+    """collective_matmuls.md's note: XLA:CPU's float normalization, not arithmetic."""
+    mesh = mesh_of(8)
+    gather = jax.jit(jax.shard_map(lambda b: jax.lax.all_gather(b, "x", tiled=True), mesh=mesh,
+                                   in_specs=P("x"), out_specs=P(), check_vma=False))
+    x = jax.device_put(jnp.ones((16, 4), jnp.bfloat16), NamedSharding(mesh, P("x")))
+    (op,) = hlo.collectives(gather, x)
+    assert op.dtype == "f32" and gather(x).dtype == jnp.bfloat16
