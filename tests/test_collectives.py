@@ -299,3 +299,13 @@ def test_draw_panels_docstring_ring_example_with_string_labels():
     step1 = _cells(fig)[4:8]
     assert [c.get_facecolor() for c in step1] == [pytest.approx(C.device_color(b))
                                                   for b in held[1]]
+
+
+def test_two_psums_compile_to_one_combined_all_reduce():
+    """shard_map_collectives.md: one op per collective is not a rule; XLA combines."""
+    mesh = mesh_of(8)
+    two_sums = jax.jit(jax.shard_map(
+        lambda block: (jax.lax.psum(block, "x"), jax.lax.psum(2 * block, "x")),
+        mesh=mesh, in_specs=jax.P("x"), out_specs=(jax.P(), jax.P())))
+    ops = hlo.collectives(two_sums, jnp.arange(32.0))
+    assert [(op.kind, len(op.buffers)) for op in ops] == [("all-reduce", 2)]
