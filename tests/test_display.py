@@ -53,3 +53,10 @@ def test_table_text_html_alignment_and_total_row():
     html = table._repr_html_()
     assert "<caption" in html and "text-align:right" in html and "font-weight:bold" in html
     assert str(table).splitlines()[0] == "t" and "all-gather" in str(table)
+
+
+def test_table_from_tuples_and_float_format():
+    table = Table.from_tuples(["what", "value"], [("pi", 3.14159), ("e", 2.71828)], floatfmt=".2f")
+    assert table.rows == [{"what": "pi", "value": "3.14"}, {"what": "e", "value": "2.72"}]
+    with pytest.raises(checks.InputError, match="3 cells"):
+        Table.from_tuples(["a", "b"], [(1, 2, 3)])

@@ -70,13 +70,16 @@ def side_by_side(*items: object, gap: str = "14px") -> Html:
 class Table:
     """Rows of a table that display as HTML in a notebook and as plain text with ``str()``.
 
-    ``rows`` are mappings with the same keys (the column headers, in the first row's order).
+    ``rows`` are mappings with the same keys (the column headers, in the first row's order);
+    :meth:`from_tuples` builds one from a header list and row tuples. ``floatfmt`` formats
+    float cells (``".4f"``).
     ``align`` maps a header to ``"left"`` or ``"right"`` (default left); ``bold_last`` sets
     the last row in bold (a total). Cells keep their line breaks; short cells never wrap.
     """
 
     def __init__(self, rows: Sequence[Mapping[str, Any]], *, title: str = "",
-                 align: Mapping[str, str] | None = None, bold_last: bool = False):
+                 align: Mapping[str, str] | None = None, bold_last: bool = False,
+                 floatfmt: str | None = None):
         if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
             raise checks.InputTypeError(
                 f"rows must be a list of dicts (one per row), got {type(rows).__name__}.")
@@ -84,7 +87,8 @@ class Table:
             raise checks.InputError("a table needs at least one row.")
         if not all(isinstance(r, Mapping) for r in rows):
             raise checks.InputTypeError("every row of a table must be a dict of column: value.")
-        self.rows = [dict(r) for r in rows]
+        self.rows = [{k: format(v, floatfmt) if floatfmt and isinstance(v, float) else v
+                      for k, v in r.items()} for r in rows]
         self.headers = list(self.rows[0])
         for i, row in enumerate(self.rows):
             if list(row) != self.headers:
@@ -97,6 +101,17 @@ class Table:
             checks.one_of("alignment", side, _ALIGNS)
         self.title = title
         self.bold_last = checks.flag("bold_last", bold_last)
+
+    @classmethod
+    def from_tuples(cls, headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                    **options: Any) -> Table:
+        """A table from column headers and rows given as tuples."""
+        headers = list(headers)
+        for row in rows:
+            if len(row) != len(headers):
+                raise checks.InputError(
+                    f"a row has {len(row)} cells but the table has {len(headers)} columns.")
+        return cls([dict(zip(headers, row, strict=True)) for row in rows], **options)
 
     def __str__(self) -> str:
         from tabulate import tabulate
