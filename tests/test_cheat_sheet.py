@@ -7,7 +7,7 @@ import optax
 import pytest
 from conftest import DEVICES
 
-from spmd_guide import checks, cheat_sheet, nn
+from spmd_guide import cheat_sheet, checks, nn
 
 SIZES = [8, 32, 32, 8]
 
