@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, nn
+from spmd_guide import checks, hlo, nn
 
 
 def _numpy_predict(params, x):
@@ -265,3 +265,19 @@ def test_mlp_loss_is_the_numpy_loss_or_a_clear_error(batch, d_in, d_out, y_shape
     out = h @ np.asarray(params[1][0]) + np.asarray(params[1][1])
     expected = np.mean(np.sum((out - y) ** 2, axis=-1))
     assert float(nn.mlp_loss(params, (x, y))) == pytest.approx(expected, rel=1e-5)
+
+
+def test_donation_aliases_the_parameters_and_deletes_the_old_arrays():
+    params = jax.device_put(nn.init_mlp(jax.random.key(0), [4, 8, 2]), jax.devices()[0])
+    batch = jax.device_put(nn.make_regression_batch(jax.random.key(1), 8, 4, 2), jax.devices()[0])
+    keep = nn.make_sgd_step(nn.mlp_loss, learning_rate=0.1)
+    donating = nn.make_sgd_step(nn.mlp_loss, learning_rate=0.1, donate=True)
+    param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    assert hlo.memory_per_device(keep, params, batch).alias_bytes == 0
+    assert hlo.memory_per_device(donating, params, batch).alias_bytes == param_bytes
+    expected, _ = keep(params, batch)
+    new, _ = donating(params, batch)
+    assert params[0][0].is_deleted()
+    np.testing.assert_allclose(np.asarray(new[0][0]), np.asarray(expected[0][0]))
+    with pytest.raises(checks.InputTypeError, match="True or False"):
+        nn.make_sgd_step(nn.mlp_loss, learning_rate=0.1, donate=1)

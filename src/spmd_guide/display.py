@@ -121,6 +121,9 @@ class Table:
                         colalign=[self.align.get(h, "left") for h in self.headers])
         return f"{self.title}\n{text}" if self.title else text
 
+    def __repr__(self) -> str:
+        return str(self)
+
     def _repr_html_(self) -> str:
         def cell(tag: str, value: Any, header: str, extra: str = "") -> str:
             lines = str(value).splitlines() or [""]

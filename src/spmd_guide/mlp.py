@@ -214,7 +214,8 @@ def sgd_update(
 
 
 def make_sgd_step(
-    loss_fn: LossFn, *, learning_rate: float, param_shardings: Any = None
+    loss_fn: LossFn, *, learning_rate: float, param_shardings: Any = None,
+    donate: bool = False,
 ) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
     """A jitted ``step(params, batch) -> (new_params, loss)`` doing one SGD
     step on ``loss_fn``.
@@ -231,7 +232,11 @@ def make_sgd_step(
     moves data the strategy never asked for. Pinning the outputs is the same as
     ``jax.jit(step, out_shardings=(param_shardings, None))``.
 
-    Cached, so the same loss, rate and shardings give the same jitted step (and
+    ``donate=True`` donates the old parameters (``donate_argnums=0``): the compiled step
+    may write the new parameters into their buffers, and the arrays passed in are deleted
+    after the call, so keep using only what the step returns.
+
+    Cached, so the same loss, rate, shardings and donation give the same jitted step (and
     one compilation).
     """
     checks.function("loss_fn", loss_fn)
@@ -244,7 +249,7 @@ def make_sgd_step(
                 "params (e.g. strategy.param_shardings(params, mesh)), got "
                 f"{param_shardings!r:.80}.")
         param_shardings = _freeze(param_shardings)
-    return _sgd_step(loss_fn, rate, param_shardings)
+    return _sgd_step(loss_fn, rate, param_shardings, checks.flag("donate", donate))
 
 
 def _freeze(tree: Any) -> Any:
@@ -255,21 +260,22 @@ def _freeze(tree: Any) -> Any:
 
 
 @functools.cache
-def _sgd_step(loss_fn: LossFn, learning_rate: float, param_shardings: Any
+def _sgd_step(loss_fn: LossFn, learning_rate: float, param_shardings: Any, donate: bool
               ) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
     def step(params: Params, batch: Batch) -> tuple[Params, jax.Array]:
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         return sgd_update(params, grads, learning_rate=learning_rate), loss
 
+    donated = (0,) if donate else ()
     if param_shardings is None:
-        return jax.jit(step)
+        return jax.jit(step, donate_argnums=donated)
     # The new parameters in exactly the given shardings (the very objects, so the next call
     # finds the same input shardings and reuses this compilation); the loss replicated.
     leaves = jax.tree.leaves(param_shardings)
     loss_sharding = jax.sharding.NamedSharding(leaves[0].mesh, jax.P()) if isinstance(
         leaves[0], jax.sharding.NamedSharding) else None
     as_list = [tuple(layer) for layer in param_shardings]
-    return jax.jit(step, out_shardings=(as_list, loss_sharding))
+    return jax.jit(step, out_shardings=(as_list, loss_sharding), donate_argnums=donated)
 
 
 def train(

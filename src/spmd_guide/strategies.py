@@ -157,12 +157,12 @@ class Strategy:
         self._check_mesh(mesh)
         return _loss_fn(self, mesh)
 
-    def sgd_step(self, mesh: Mesh, params: Params, *, learning_rate: float
-                 ) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
+    def sgd_step(self, mesh: Mesh, params: Params, *, learning_rate: float,
+                 donate: bool = False) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
         """The jitted SGD step on :meth:`loss`, with the new parameters pinned to
-        :meth:`param_shardings` (:func:`spmd_guide.mlp.make_sgd_step`)."""
+        :meth:`param_shardings` (:func:`spmd_guide.mlp.make_sgd_step`; ``donate`` as there)."""
         return make_sgd_step(self.loss(mesh), learning_rate=learning_rate,
-                             param_shardings=self.param_shardings(params, mesh))
+                             param_shardings=self.param_shardings(params, mesh), donate=donate)
 
     def _loss(self, params: Params, batch: Batch, mesh: Mesh) -> jax.Array:
         return mlp_loss(params, batch)
