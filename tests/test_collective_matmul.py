@@ -260,7 +260,7 @@ def test_uneven_shapes_raise_before_any_computation(name, monkeypatch):
 def test_other_bad_input_gets_clear_errors():
     mesh = mesh_of(2)
     ok = np.ones((4, 4), np.float32)
-    with pytest.raises(ValueError, match=r"axes \('x',\), not 'y'"):
+    with pytest.raises(ValueError, match=r"'y' is not an axis of the mesh, whose axes are \('x',\)"):
         cm.allgather(ok, ok, mesh, "y")
     with pytest.raises(ValueError, match="2-D operands"):
         cm.reduce_scatter(np.ones((2, 4, 4)), ok, mesh, "x")
@@ -268,7 +268,7 @@ def test_other_bad_input_gets_clear_errors():
         cm.allgather_bidi(ok, np.ones((6, 4)), mesh, "x")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         cm.allgather(ok, ok, "x", "x")
-    with pytest.raises(ValueError, match="no collective matmul 'gather'"):
+    with pytest.raises(ValueError, match="unknown collective matmul 'gather'"):
         cm.variant("gather")
 
 

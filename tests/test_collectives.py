@@ -240,7 +240,7 @@ def test_draw_panels_rejects_bad_input():
 def test_uneven_input_and_wrong_axis_raise_clear_errors():
     with pytest.raises(ValueError, match=r"\(10,\).*4 equal blocks.*divisible by 4"):
         C.block_sums(np.arange(10.0), mesh_of(4))
-    with pytest.raises(ValueError, match="not 'y'"):
+    with pytest.raises(ValueError, match="'y' is not an axis"):
         C.global_sum(np.arange(8.0), mesh_of(4), axis_name="y")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         C.block_sums(np.arange(8.0), "mesh")

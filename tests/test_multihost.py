@@ -59,14 +59,14 @@ def assert_nothing_left(results: list[ProcessResult]) -> None:
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"num_processes": 0}, "num_processes must be an integer >= 1"),
-    ({"num_processes": 1.5}, "num_processes must be an integer >= 1"),
-    ({"num_processes": True}, "num_processes must be an integer >= 1"),
-    ({"devices_per_process": 0}, "devices_per_process must be an integer >= 1"),
-    ({"timeout": 0}, "timeout must be a positive number"),
-    ({"timeout": -1.0}, "timeout must be a positive number"),
-    ({"timeout": math.inf}, "timeout must be a positive number"),
-    ({"timeout": math.nan}, "timeout must be a positive number"),
+    ({"num_processes": 0}, "num_processes must be"),
+    ({"num_processes": 1.5}, "num_processes must be"),
+    ({"num_processes": True}, "num_processes must be"),
+    ({"devices_per_process": 0}, "devices_per_process must be"),
+    ({"timeout": 0}, r"timeout \(seconds\) must be"),
+    ({"timeout": -1.0}, r"timeout \(seconds\) must be"),
+    ({"timeout": math.inf}, r"timeout \(seconds\) must be"),
+    ({"timeout": math.nan}, r"timeout \(seconds\) must be"),
 ])
 def test_bad_counts_and_time_limits_are_refused(options, message):
     with pytest.raises(ValueError, match=message):

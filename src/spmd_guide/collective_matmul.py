@@ -36,6 +36,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide import checks
 from spmd_guide.collectives import axis_size
 
 Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
@@ -57,25 +58,29 @@ def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
     ``contraction_by`` the contraction dimension K.
 
     Floor division would silently drop the leftover rows and return a wrong
-    product, so uneven shapes are refused instead.
+    product, so uneven shapes are refused instead. Shapes are static, so the
+    check costs nothing under ``jit``.
     """
-    lhs_shape, rhs_shape = np.shape(lhs), np.shape(rhs)
+    rows_by = checks.count("rows_by", rows_by)
+    contraction_by = checks.count("contraction_by", contraction_by)
+    lhs_shape = tuple(checks.array("lhs", lhs).shape)
+    rhs_shape = tuple(checks.array("rhs", rhs).shape)
     if len(lhs_shape) != 2 or len(rhs_shape) != 2:
-        raise ValueError(
+        raise checks.InputError(
             f"Collective matmuls take 2-D operands, got lhs of shape "
             f"{lhs_shape} and rhs of shape {rhs_shape}. Reshape batched "
             f"inputs to (rows, features) first."
         )
     (m, k), (k_rhs, _) = lhs_shape, rhs_shape
     if k != k_rhs:
-        raise ValueError(
+        raise checks.InputError(
             f"lhs of shape {lhs_shape} and rhs of shape {rhs_shape} cannot "
             f"be multiplied: lhs has {k} columns but rhs has {k_rhs} rows."
         )
     for what, size, divisor in (("rows M", m, rows_by),
                                 ("contraction K", k, contraction_by)):
         if size % divisor:
-            raise ValueError(
+            raise checks.InputError(
                 f"lhs of shape {lhs_shape} @ rhs of shape {rhs_shape}: "
                 f"{what} = {size} is not divisible by {divisor}, so it "
                 f"cannot be split into {divisor} equal blocks. Use a "
@@ -88,13 +93,28 @@ def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
 # ---------------------------------------------------------------------------
 
 
+def _axis_name(axis_name: Any) -> str:
+    if not isinstance(axis_name, str) or not axis_name:
+        raise checks.InputTypeError(
+            f"axis_name must be a mesh axis name (a non-empty string), got {axis_name!r}.")
+    return axis_name
+
+
+def _operand(x: Any) -> Any:
+    """A ``jax.Array`` or tracer as it is, anything else as a NumPy array (a list given to
+    ``jax.device_put`` would be a tree of separate scalars)."""
+    return x if isinstance(x, (jax.Array, jax.core.Tracer)) else np.asarray(x)
+
+
 def allgather_specs(axis_name: str) -> tuple[P, P]:
     """The all-gather family's layout of (lhs, rhs): both split by rows."""
+    _axis_name(axis_name)
     return P(axis_name, None), P(axis_name, None)
 
 
 def reduce_scatter_specs(axis_name: str) -> tuple[P, P]:
     """The reduce-scatter family's layout of (lhs, rhs): K split."""
+    _axis_name(axis_name)
     return P(None, axis_name), P(axis_name, None)
 
 
@@ -110,9 +130,11 @@ def run_on_ring(per_device: Callable[..., jax.Array], lhs: Any, rhs: Any,
     ``in_specs``. ``jax.device_put`` works eagerly and under ``jit``, on
     Auto and Explicit meshes alike.
     """
+    checks.function("per_device", per_device)
+    ring_size(mesh, axis_name)
     lhs_spec, rhs_spec = specs
-    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
-    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
+    lhs = jax.device_put(_operand(lhs), NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(_operand(rhs), NamedSharding(mesh, rhs_spec))
     program = _ring_program(per_device, mesh, axis_name, lhs_spec, rhs_spec)
     return program(lhs, rhs)
 
@@ -332,10 +354,7 @@ FAMILY_SPECS: dict[str, Callable[[str], tuple[P, P]]] = {
 
 def variant(name: str) -> Matmul:
     """The variant called ``name``; a clear error listing the names."""
-    if name not in VARIANTS:
-        raise ValueError(f"no collective matmul {name!r}; choose one of "
-                         f"{list(VARIANTS)}.")
-    return VARIANTS[name]
+    return VARIANTS[checks.one_of("collective matmul", name, VARIANTS)]
 
 
 # ---------------------------------------------------------------------------
@@ -364,10 +383,12 @@ def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
     """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
     matmul = variant(name)
     ring = ring_size(mesh, axis_name)
-    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
+    bidi = 2 if name.endswith("bidi") else 1
+    check_shapes(lhs, rhs, rows_by=ring * (bidi if name.startswith("reduce") else 1),
+                 contraction_by=ring * (bidi if name.startswith("allgather") else 1))
     lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
-    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
-    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
+    lhs = jax.device_put(_operand(lhs), NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(_operand(rhs), NamedSharding(mesh, rhs_spec))
     jitted = jax.jit(functools.partial(matmul, mesh=mesh, axis_name=axis_name))
     return CompiledMatmul(name, jitted.lower(lhs, rhs).compile(), lhs, rhs)
 
@@ -383,6 +404,9 @@ def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
     the same fraction of the output, ``m * n`` elements.
     """
     variant(name)
+    m, k, n = (checks.count(what, v) for what, v in (("m", m), ("k", k), ("n", n)))
+    itemsize = checks.count("itemsize", itemsize)
+    ring = checks.count("ring", ring)
     elements = k * n if name.startswith("allgather") else m * n
     return (ring - 1) * elements * itemsize // ring
 
@@ -392,6 +416,7 @@ def collective_rows(ops: Sequence[Any]) -> list[dict[str, Any]]:
     kind and buffer: how many, bytes one device sends for each, in all."""
     from spmd_guide.hlo import format_bytes
 
+    _check_ops(ops)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for op in ops:
         row = rows.setdefault((op.kind, op.shape_text), {
@@ -408,18 +433,50 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
     """Bytes one device sends to its next neighbour (``forward``) and to
     its previous one (``backward``) in the collective-permutes of ``ops``;
     other collectives count as ``other``. (On a ring of 2 both neighbours
-    are the same device; everything then counts as ``forward``.)"""
+    are the same device; everything then counts as ``forward``.)
+
+    A send is a step round the ring when its device ids differ by one (or
+    wrap from the last device to the first). Sends that go round a ring of
+    another size than ``ring`` raise ``InputError``: ``ring`` is wrong.
+    """
+    _check_ops(ops)
+    ring = checks.count("ring", ring)
     totals = {"forward": 0, "backward": 0, "other": 0}
     for op in ops:
-        hops = ({(target - source) % ring for source, target in op.groups}
-                if op.kind == "collective-permute" else set())
-        if hops == {1 % ring}:
+        steps = ({target - source for source, target in op.groups}
+                 if op.kind == "collective-permute" else set())
+        if steps and steps <= {1, 1 - ring}:
             totals["forward"] += op.bytes_sent
-        elif hops == {-1 % ring}:
+        elif steps and steps <= {-1, ring - 1}:
             totals["backward"] += op.bytes_sent
         else:
+            other_ring = _ring_of(steps)
+            if other_ring and other_ring != ring:
+                raise checks.InputError(
+                    f"a collective-permute sends round a ring of {other_ring} devices "
+                    f"(steps {sorted(steps)}), but ring={ring}: pass ring={other_ring}, the "
+                    "size of the mesh axis the program's ring runs over.")
             totals["other"] += op.bytes_sent
     return totals
+
+
+def _ring_of(steps: set[int]) -> int | None:
+    """The size of the ring whose one-step sends differ by ``steps``, or None."""
+    for sign in (1, -1):
+        wrap = [s for s in steps if s != sign]
+        if len(wrap) == 1 and sign * wrap[0] < 0 and sign in steps:
+            return 1 + abs(wrap[0])
+    return None
+
+
+def _check_ops(ops: Any) -> None:
+    from spmd_guide.hlo import Collective
+
+    if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence) or not all(
+            isinstance(op, Collective) for op in ops):
+        raise checks.InputTypeError(
+            f"ops must be a list of collectives from spmd_guide.hlo.collectives(fn, *args), "
+            f"got {ops!r:.60}.")
 
 
 # ---------------------------------------------------------------------------
@@ -453,8 +510,7 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
     indices of its per-device code (the one-collective variants: before and
     after their collective)."""
     variant(name)
-    if ring < 1:
-        raise ValueError(f"a ring needs at least one device, got {ring}.")
+    ring = checks.count("ring", ring)
     devices = range(ring)
     every_block = tuple(range(ring))
     if name == "allgather":

@@ -25,6 +25,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide import checks
 from spmd_guide.data import sharded_batches
 from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
 
@@ -32,6 +33,7 @@ from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, m
 def describe_process(*, rows_per_device: int = 2) -> dict[str, Any]:
     """Print and return what this process sees: its devices, all devices,
     and its shards of a global array built from per-process data."""
+    rows_per_device = checks.count("rows_per_device", rows_per_device)
     me, count = jax.process_index(), jax.process_count()
     local_ids = [d.id for d in jax.local_devices()]
     global_ids = [d.id for d in jax.devices()]
@@ -108,6 +110,7 @@ def hybrid_mesh_ids() -> list[list[int]]:
 def misbehave(*, raise_on: int | None = None,
               hang_on: int | None = None) -> int:
     """Fail on purpose: process ``raise_on`` raises, ``hang_on`` hangs."""
+    raise_on, hang_on = _process_id("raise_on", raise_on), _process_id("hang_on", hang_on)
     me = jax.process_index()
     print(f"process {me} started", flush=True)
     if me == raise_on:
@@ -117,6 +120,11 @@ def misbehave(*, raise_on: int | None = None,
         while True:
             time.sleep(1)
     return me
+
+
+def _process_id(name: str, value: Any) -> int | None:
+    """``None``, or a process id (an integer >= 0; not the string ``'0'``)."""
+    return None if value is None else checks.count(name, value, minimum=0)
 
 
 def listening_addresses() -> list[str] | None:
@@ -154,6 +162,9 @@ def example_problem(*, layer_sizes: Sequence[int] = (8, 16, 8), num_examples: in
                     seed: int = 0) -> tuple[dict[str, np.ndarray], Params]:
     """The Part IV regression task as a dataset (``x``, ``y`` and each example's ``id``) and
     the MLP's initial parameters, both from ``seed``."""
+    layer_sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
+    num_examples = checks.count("num_examples", num_examples)
+    seed = checks.count("seed", seed, minimum=0)
     (x, y), params = _make_problem(seed, sizes=tuple(layer_sizes), num_examples=num_examples)
     dataset = {"x": np.asarray(x), "y": np.asarray(y),
                "id": np.arange(num_examples, dtype=np.int32)}
@@ -169,6 +180,8 @@ def _make_problem(seed: int, *, sizes: tuple[int, ...], num_examples: int):
 def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
     """Write :func:`example_problem` (``options`` are its arguments) to an ``.npz`` file; return
     its path. The launched processes read it, as the hosts of a cluster read the same files."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
     dataset, params = example_problem(**options)
     layers = {f"{kind}{i}": np.asarray(array) for i, layer in enumerate(params)
               for kind, array in zip("wb", layer)}
@@ -178,6 +191,11 @@ def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
 
 def load_problem(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], Params]:
     """The dataset and parameters written by :func:`save_problem`, as NumPy arrays."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
+    if not Path(path).is_file():
+        raise checks.InputError(f"no problem file {os.fspath(path)!r}: write it with "
+                                "save_problem(path) first.")
     with np.load(path) as saved:
         dataset = {key: saved[key] for key in ("x", "y", "id")}
         params = [(saved[f"w{i}"], saved[f"b{i}"])
@@ -195,6 +213,7 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
     Returns the ids of the examples this process loaded and, per strategy,
     the loss and the gradients (whole, as nested lists).
     """
+    strategies = _strategy_names(strategies)
     dataset, initial_params = load_problem(problem)  # the same file for all
     me = jax.process_index()
     steps, ids_here = {}, None
@@ -202,7 +221,7 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
         strategy = STRATEGIES[name]
         mesh = strategy.mesh(jax.devices())
         batches = sharded_batches(dataset, batch_size,
-                                  strategy.batch_sharding(mesh), seed=seed)
+                                  _loader_sharding(strategy, mesh), seed=seed)
         batch = next(batches)
         if ids_here is None:
             ids_here = sorted(int(i)
@@ -226,6 +245,26 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
               f"|grad of W0| = {np.linalg.norm(grads[0][0]):.6f}")
         steps[name] = {"loss": float(loss), "grads": grads}
     return {"ids": ids_here, "steps": steps}
+
+
+def _strategy_names(strategies: Any) -> tuple[str, ...]:
+    """Strategy names, checked: a list such as ``("dp", "fsdp")`` of known names."""
+    if isinstance(strategies, str):
+        raise checks.InputTypeError(
+            f"strategies must be a list of names such as ({strategies!r},), got the string "
+            f"{strategies!r} (its letters would be read as names).")
+    if not isinstance(strategies, Sequence) or not strategies:
+        raise checks.InputError(
+            f"strategies must name at least one strategy, e.g. ('dp',), got {strategies!r}.")
+    return tuple(checks.one_of("strategy", name, STRATEGIES) for name in strategies)
+
+
+def _loader_sharding(strategy: Any, mesh: Any) -> dict[str, NamedSharding]:
+    """The strategy's batch layout for ``x`` and ``y``; the 1-D ``id`` leaf is split over the
+    same mesh axes along its only dimension."""
+    batch = strategy.batch_sharding(mesh)
+    rows = NamedSharding(mesh, P(*batch.spec[:1]))
+    return {"x": batch, "y": batch, "id": rows}
 
 
 def single_process_step(*, problem: str, batch_size: int = 32, seed: int = 0) -> dict[str, Any]:

@@ -23,6 +23,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tabulate import tabulate
 
+from spmd_guide import checks
+
 #: Paul Tol's "light" qualitative colour scheme, in his recommended order: told apart under
 #: the common colour-vision deficiencies, and light enough for dark text on top. Device ``d``
 #: always gets ``PALETTE[d % len(PALETTE)]``, so a device has one colour on every page.
@@ -70,13 +72,13 @@ class Block:
 def _check_array(array: object, *, caller: str) -> jax.Array:
     """The array itself if it is a concrete 1-D or 2-D ``jax.Array``; else a clear error."""
     if isinstance(array, jax.core.Tracer):
-        raise TypeError(
+        raise checks.InputTypeError(
             f"{caller} needs a concrete jax.Array, but got a traced value (inside jax.jit or "
             "another transformation, where no data is placed yet). Call it on the function's "
             "result instead, or use jax.debug.inspect_array_sharding inside the function."
         )
     if not isinstance(array, jax.Array):
-        raise TypeError(
+        raise checks.InputTypeError(
             f"{caller} needs a jax.Array, got {type(array).__module__}.{type(array).__name__}. "
             "Put the values on devices first, e.g. jax.device_put(x, sharding)."
         )
@@ -87,12 +89,13 @@ def _check_array(array: object, *, caller: str) -> jax.Array:
             else "reshape it to 2-D (e.g. x.reshape(-1, x.shape[-1])) or index a 2-D slice "
             "(e.g. x[0])"
         )
-        raise ValueError(
+        raise checks.InputError(
             f"{caller} shows 1-D and 2-D arrays; this one is {array.ndim}-D with shape "
             f"{array.shape}. To look at it, {fix}."
         )
     if array.size == 0:
-        raise ValueError(f"{caller}: the array of shape {array.shape} has no elements to show.")
+        raise checks.InputError(
+            f"{caller}: the array of shape {array.shape} has no elements to show.")
     return array
 
 
@@ -104,8 +107,9 @@ def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
     from the array's addressable shards.
     """
     array = _check_array(array, caller="shard_blocks")
+    data = checks.flag("data", data)
     if data and array.size > MAX_DATA_ELEMENTS:
-        raise ValueError(
+        raise checks.InputError(
             f"This array has {array.size} elements, too many to show its "
             f"values (the limit is {MAX_DATA_ELEMENTS}). Call it with "
             "data=False, or look at a smaller array."
@@ -134,12 +138,16 @@ def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
 
 
 def devices_holding(array: jax.Array, index: Sequence[int]) -> tuple[int, ...]:
-    """Ids of the devices that hold the element ``array[index]`` (several if replicated)."""
+    """Ids of the devices that hold the element ``array[index]`` (several if replicated).
+
+    ``index`` has one non-negative integer per dimension (NumPy integers too; not floats,
+    which would silently pick another element)."""
     blocks = shard_blocks(array)
+    index = checks.counts("index", index, minimum=-(2**62), min_length=0)
     if len(index) != array.ndim or not all(
         0 <= i < size for i, size in zip(index, array.shape, strict=True)
     ):
-        raise ValueError(f"Index {tuple(index)} is not an element of an array of shape "
+        raise checks.InputError(f"Index {tuple(index)} is not an element of an array of shape "
                          f"{array.shape}; give one non-negative index per dimension.")
     return next(
         block.devices for block in blocks
@@ -188,6 +196,8 @@ class Html:
 
 def describe(array: jax.Array) -> str:
     """One line: dtype and shape, and the partition spec and mesh where there is one."""
+    if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
+        _check_array(array, caller="describe")
     parts = [f"{array.dtype}{list(array.shape)}"]
     sharding = array.sharding
     if isinstance(sharding, NamedSharding):
@@ -206,6 +216,8 @@ def layout_grid(array: jax.Array, *, data: bool = False, title: str | None = Non
     A 1-D array is one row of cells. Display it as a cell's last expression; ``str()`` gives the
     text table instead.
     """
+    if title is not None and not isinstance(title, str):
+        raise checks.InputTypeError(f"title must be a string, got {title!r}.")
     blocks = shard_blocks(array, data=data)
     shape = array.shape if array.ndim == 2 else (1, array.shape[0])
     bounds = [b.bounds if array.ndim == 2 else ((0, 1),) + b.bounds for b in blocks]
@@ -311,6 +323,13 @@ def _values_html(values: np.ndarray, box: str) -> str:
 
 def side_by_side(*items: object, gap: str = "14px") -> Html:
     """Objects with ``_repr_html_`` next to each other, wrapping onto new lines as needed."""
+    for i, item in enumerate(items):
+        if not callable(getattr(item, "_repr_html_", None)):
+            raise checks.InputTypeError(
+                f"item {i} of side_by_side ({type(item).__name__}) has no _repr_html_: pass "
+                "what layout_grid, gallery_entry or display.Table return.")
+    if not isinstance(gap, str):
+        raise checks.InputTypeError(f"gap must be a CSS length such as '14px', got {gap!r}.")
     parts = [item._repr_html_() for item in items]  # type: ignore[attr-defined]
     markup = (
         f"<div style='display:flex;flex-wrap:wrap;gap:{gap};align-items:flex-start'>"
@@ -366,6 +385,9 @@ def gallery_entry(values: object, mesh: jax.sharding.Mesh,
     or the mesh) is caught and recorded; anything else is a bug and
     propagates.
     """
+    checks.mesh("mesh", mesh)
+    _check_spec(spec)
+    values = checks.array("values", values)
     mesh_shape = tuple(mesh.devices.shape)
     try:
         array = jax.device_put(values, NamedSharding(mesh, spec))
@@ -375,6 +397,13 @@ def gallery_entry(values: object, mesh: jax.sharding.Mesh,
     grid = layout_grid(array, data=data, title=str(spec))
     blocks = tuple(shard_blocks(array))
     return GalleryEntry(mesh_shape, spec, grid, None, blocks)
+
+
+def _check_spec(spec: object) -> PartitionSpec:
+    if not isinstance(spec, PartitionSpec):
+        raise checks.InputTypeError(
+            f"spec must be a PartitionSpec such as P('data', None), got {spec!r}.")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -429,8 +458,25 @@ def gallery(values: object, mesh_shapes: Sequence[Sequence[int]], specs: Sequenc
             *, axis_names: Sequence[str] = ("data", "model"),
             devices: Sequence[jax.Device] | None = None, data: bool = True) -> Gallery:
     """Place ``values`` with every spec on a mesh of every shape (``jax.make_mesh``)."""
-    shapes = tuple(tuple(shape) for shape in mesh_shapes)
+    if isinstance(mesh_shapes, (str, bytes)) or not isinstance(mesh_shapes, Sequence) \
+            or not mesh_shapes:
+        raise checks.InputTypeError(
+            f"mesh_shapes must be a non-empty list of mesh shapes such as [(2, 4)], got "
+            f"{mesh_shapes!r}.")
+    shapes = tuple(checks.counts(f"mesh_shapes[{i}]", shape)
+                   for i, shape in enumerate(mesh_shapes))
+    if isinstance(axis_names, str) or not all(isinstance(n, str) for n in axis_names):
+        raise checks.InputTypeError(
+            f"axis_names must be a sequence of names such as ('data', 'model'), got "
+            f"{axis_names!r}.")
     names = tuple(axis_names)
+    for shape in shapes:
+        if len(shape) != len(names):
+            raise checks.InputError(
+                f"mesh shape {shape} has {len(shape)} axes but axis_names {names} names "
+                f"{len(names)}: give one name per axis.")
+    specs = tuple(_check_spec(spec) for spec in specs)
+    values = checks.array("values", values)
     entries = []
     for shape in shapes:
         mesh = jax.make_mesh(shape, names, devices=devices)
