@@ -355,3 +355,110 @@ def test_chapter_exercise_uneven_shape():
     cm.check_shapes(lhs, rhs, rows_by=8, contraction_by=8)
     with pytest.raises(ValueError, match="contraction K = 24 is not divisible by 16"):
         cm.allgather_bidi(lhs, rhs, mesh_of(8), "x")
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+
+def _op(kind: str, pairs, nbytes: int = 16) -> hlo.Collective:
+    """A stand-in collective: ``pairs`` are a collective-permute's (source, target)."""
+    return hlo.Collective(kind=kind, buffers=(hlo.Buffer("f32", (nbytes // 4,)),),
+                          group_size=2, bytes_sent=nbytes,
+                          groups=tuple(tuple(p) for p in pairs))
+
+
+def _ring(n: int, step: int = 1):
+    return [(i, (i + step) % n) for i in range(n)]
+
+
+_OK = np.ones((8, 8), np.float32)
+BAD_INPUT = [
+    ("string lhs", lambda: cm.allgather("lhs", _OK, mesh_of(2), "x"), InputTypeError, "array"),
+    ("None rhs", lambda: cm.reduce_scatter(_OK, None, mesh_of(2), "x"), InputTypeError, "rhs"),
+    ("1-D lhs", lambda: cm.allgather(np.ones(8), _OK, mesh_of(2), "x"), InputError, "2-D"),
+    ("K mismatch", lambda: cm.allgather(_OK, np.ones((4, 8)), mesh_of(2), "x"), InputError,
+     "columns"),
+    ("M indivisible", lambda: cm.reduce_scatter_bidi(np.ones((6, 8)), _OK, mesh_of(2), "x"),
+     InputError, "divisible"),
+    ("unknown axis", lambda: cm.allgather(_OK, _OK, mesh_of(2), "y"), InputError, "not an axis"),
+    ("axis not str", lambda: cm.allgather(_OK, _OK, mesh_of(2), 0), InputTypeError, "axis"),
+    ("mesh a tuple", lambda: cm.allgather(_OK, _OK, (2,), "x"), InputTypeError, "Mesh"),
+    ("unknown variant", lambda: cm.variant("allgater"), InputError, "choose one of"),
+    ("rows_by 0", lambda: cm.check_shapes(_OK, _OK, rows_by=0, contraction_by=1), InputError,
+     "rows_by"),
+    ("rows_by -8", lambda: cm.check_shapes(_OK, _OK, rows_by=-8, contraction_by=1), InputError,
+     "rows_by"),
+    ("ring bytes m<0", lambda: cm.ring_bound_bytes("allgather", -8, 8, 8, 4, 8), InputError,
+     "m must be"),
+    ("ring bytes ring 0", lambda: cm.ring_bound_bytes("reduce_scatter", 8, 8, 8, 4, 0),
+     InputError, "ring"),
+    ("ring bytes float", lambda: cm.ring_bound_bytes("allgather", 8, 8.5, 8, 4, 2),
+     InputTypeError, "integer"),
+    ("schedule ring 0", lambda: cm.ring_schedule("allgather_bidi", 0), InputError, "ring"),
+    ("8-ring sends, ring=4", lambda: cm.bytes_by_direction([_op("collective-permute", _ring(8))],
+                                                           4), InputError, "ring=8"),
+    ("4-ring back, ring=8", lambda: cm.bytes_by_direction(
+        [_op("collective-permute", _ring(4, -1))], 8), InputError, "ring=4"),
+    ("ops not collectives", lambda: cm.bytes_by_direction(["all-gather"], 2), InputTypeError,
+     "hlo.collectives"),
+    ("rows of a string", lambda: cm.collective_rows("ops"), InputTypeError, "collectives"),
+    ("compile bidi odd K", lambda: cm.compile_variant("allgather_bidi", np.ones((4, 6)),
+                                                      np.ones((6, 4)), mesh_of(2), "x"),
+     InputError, "divisible by 4"),
+    ("specs axis None", lambda: cm.allgather_specs(None), InputTypeError, "axis_name"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_python_lists_multiply_like_arrays():
+    lhs = np.arange(32, dtype=np.float32).reshape(4, 8)
+    rhs = np.arange(16, dtype=np.float32).reshape(8, 2)
+    for name in ("allgather", "reduce_scatter_bidi"):
+        out = cm.VARIANTS[name](lhs.tolist(), rhs.tolist(), mesh_of(2), "x")
+        np.testing.assert_allclose(np.asarray(out), lhs @ rhs)
+
+
+def test_bytes_by_direction_counts_the_right_ring_and_a_2d_mesh_ring():
+    forward, backward = _op("collective-permute", _ring(8)), _op("collective-permute",
+                                                                 _ring(8, -1), 8)
+    assert cm.bytes_by_direction([forward, backward], 8) == {
+        "forward": 16, "backward": 8, "other": 0}
+    # a ring of 4 along the second axis of a (2, 4) mesh: two rings, ids 0-3 and 4-7
+    two_rings = [(i, 4 * (i // 4) + (i + 1) % 4) for i in range(8)]
+    assert cm.bytes_by_direction([_op("collective-permute", two_rings)], 4)["forward"] == 16
+    assert cm.bytes_by_direction([_op("all-gather", ())], 4) == {
+        "forward": 0, "backward": 0, "other": 16}
+
+
+# --------------------------------------------------------------------------- property: any shape
+
+_SUBMESHES = st.sampled_from([(1,), (2,), (4,), (8,), (2, 4), (4, 2)])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(NAMES), mesh_shape=_SUBMESHES, m=st.integers(1, 16),
+       k=st.integers(1, 16), n=st.integers(1, 5), axis=st.integers(0, 1))
+def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
+        name, mesh_shape, m, k, n, axis):
+    names = ("x", "y")[:len(mesh_shape)]
+    mesh = mesh_of(int(np.prod(mesh_shape)), names, mesh_shape)
+    axis_name = names[min(axis, len(names) - 1)]
+    lhs, rhs, expected = integer_operands(m, k, n, jnp.float32, seed=m + k)
+    try:
+        out = cm.VARIANTS[name](lhs, rhs, mesh, axis_name)
+    except (InputError, InputTypeError):
+        ring = mesh.shape[axis_name]
+        bidi = 2 if name.endswith("bidi") else 1
+        rows = ring * (bidi if name.startswith("reduce") else 1)
+        cols = ring * (bidi if name.startswith("allgather") else 1)
+        assert m % rows or k % cols  # refused only when the split is uneven
+        return
+    np.testing.assert_array_equal(np.asarray(out), expected)

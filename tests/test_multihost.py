@@ -310,3 +310,35 @@ def test_a_process_exit_code_follows_how_its_target_ended(error, code, capsys):
         assert _report(caught) == code
     if code and not isinstance(error, SystemExit):
         assert type(error).__name__ in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+BAD_INPUT = [
+    ("still_running of a hand-made result", lambda: still_running(
+        [ProcessResult(process_id=0, returncode=0, stdout="", stderr="")]), InputError,
+     "os_pid"),
+    ("still_running of one result", lambda: still_running(
+        ProcessResult(process_id=0, returncode=0, stdout="", stderr="", os_pid=1)),
+     InputTypeError, "list of ProcessResult"),
+    ("still_running of ints", lambda: still_running([1234]), InputTypeError, "ProcessResult"),
+    ("kwargs a list", lambda: launch(examples.misbehave, kwargs=[("raise_on", 0)]),
+     InputTypeError, "dict"),
+    ("kwargs with nan", lambda: launch(examples.misbehave, kwargs={"raise_on": float("nan")}),
+     InputTypeError, "JSON"),
+    ("timeout a string", lambda: launch(examples.misbehave, timeout="60"), InputTypeError,
+     "timeout"),
+    ("too many processes", lambda: launch(examples.misbehave, num_processes=10**6),
+     InputError, "at most"),
+    ("missing script", lambda: launch("no/such/script.py"), InputError, "does not exist"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+

@@ -156,7 +156,7 @@ def launch(
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
         raise checks.InputTypeError(f"args must be a sequence of strings, got {args!r}.")
     try:
-        kwargs_json = json.dumps(dict(kwargs or {}))
+        kwargs_json = json.dumps(dict(kwargs or {}), allow_nan=False)
     except (TypeError, ValueError) as error:
         raise checks.InputTypeError(f"kwargs must be JSON-serializable (numbers, strings, lists, dicts): "
                         f"{error}.") from None

@@ -224,9 +224,9 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
                                   _loader_sharding(strategy, mesh), seed=seed)
         batch = next(batches)
         if ids_here is None:
-            ids_here = sorted(int(i)
-                              for shard in batch["id"].addressable_shards
-                              for i in np.asarray(shard.data))
+            ids_here = sorted({int(i)  # a set: replicas hold rows twice
+                               for shard in batch["id"].addressable_shards
+                               for i in np.asarray(shard.data)})
             print(f"process {me}: loaded examples")
             print(textwrap.fill(str(ids_here), 76, initial_indent="  ",
                                 subsequent_indent="   "))
@@ -352,6 +352,8 @@ def hybrid_mesh_example(*, hosts: int = 4, devices_per_host: int = 8) -> dict[st
     ``fsdp`` spans the devices of one host (fast links), ``data`` spans the hosts (network).
     Returns the mesh shape and, per row, which hosts its devices are on.
     """
+    hosts = checks.count("hosts", hosts)
+    devices_per_host = checks.count("devices_per_host", devices_per_host)
     devices = [StandInDevice(devices_per_host * host + i, host)
                for host in range(hosts) for i in range(devices_per_host)]
     mesh = mesh_utils.create_hybrid_device_mesh(
