@@ -377,6 +377,8 @@ _OK = np.ones((8, 8), np.float32)
 BAD_INPUT = [
     ("string lhs", lambda: cm.allgather("lhs", _OK, mesh_of(2), "x"), InputTypeError, "array"),
     ("None rhs", lambda: cm.reduce_scatter(_OK, None, mesh_of(2), "x"), InputTypeError, "rhs"),
+    ("object lhs", lambda: cm.allgather(np.full((8, 8), None), _OK, mesh_of(2), "x"),
+     InputTypeError, "numbers"),
     ("1-D lhs", lambda: cm.allgather(np.ones(8), _OK, mesh_of(2), "x"), InputError, "2-D"),
     ("K mismatch", lambda: cm.allgather(_OK, np.ones((4, 8)), mesh_of(2), "x"), InputError,
      "columns"),

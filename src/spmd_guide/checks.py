@@ -160,9 +160,10 @@ def array(name: str, value: Any, *, ndim: int | None = None, min_ndim: int = 0,
             value = np.asarray(value)
         except (TypeError, ValueError):
             raise InputTypeError(f"{name} must be an array, got {_show(value)}.") from None
-        if value.dtype == object or value.dtype.kind in "SUV":
-            raise InputTypeError(
-                f"{name} must be an array of numbers, got {_show(value)}.")
+
+    if isinstance(value, np.ndarray) and _kind(value.dtype) in "OSUV":
+        raise InputTypeError(
+            f"{name} must be an array of numbers, got {_show(value)} (dtype {value.dtype}).")
     if ndim is not None and len(value.shape) != ndim:
         raise InputError(
             f"{name} must have {ndim} dimension(s), got shape {tuple(value.shape)}.")

@@ -283,6 +283,16 @@ def compare_to_reference(results: list[Any], reference: dict[str, Any]) -> list[
     ``results`` are the :class:`~spmd_guide.multihost.ProcessResult` of a
     :func:`data_parallel_step` launch; ``reference`` is :func:`single_process_step`'s value.
     """
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(
+            isinstance(getattr(r, "value", None), dict) and "steps" in r.value
+            for r in results):
+        raise checks.InputTypeError(
+            "results must be the list launch(data_parallel_step, ...) returned, whose values "
+            f"hold 'steps'; got {results!r:.60}.")
+    if not isinstance(reference, dict) or not {"loss", "grads"} <= set(reference):
+        raise checks.InputTypeError(
+            "reference must be single_process_step(...)'s value, a dict with 'loss' and "
+            f"'grads'; got {reference!r:.60}.")
     rows = []
     for result in results:
         for name, step in result.value["steps"].items():
@@ -325,6 +335,11 @@ def slurm_detection_example(env: dict[str, str] = SLURM_EXAMPLE_ENV) -> dict[str
     from unittest import mock
 
     from jax._src.clusters import ClusterEnv, SlurmCluster
+
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise checks.InputTypeError(
+            f"env must be a dict of environment variables (str to str), got {env!r:.60}.")
 
     with mock.patch.dict(os.environ, env):
         for other in ("OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_PORT"):

@@ -475,6 +475,12 @@ def gallery(values: object, mesh_shapes: Sequence[Sequence[int]], specs: Sequenc
             raise checks.InputError(
                 f"mesh shape {shape} has {len(shape)} axes but axis_names {names} names "
                 f"{len(names)}: give one name per axis.")
+    available = len(devices) if devices is not None else len(jax.devices())
+    for shape in shapes:
+        if math.prod(shape) > available:
+            raise checks.InputError(
+                f"mesh shape {shape} needs {math.prod(shape)} devices, but "
+                f"{available} are available: use a smaller mesh shape.")
     specs = tuple(_check_spec(spec) for spec in specs)
     values = checks.array("values", values)
     entries = []
