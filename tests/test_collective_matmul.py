@@ -45,7 +45,7 @@ def shape_for(ring: int, *, square: bool) -> tuple[int, int, int]:
     return (4 * ring, 4 * ring, 4 * ring) if square else (6 * ring, 4 * ring, 5)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(name: str, ring: int, shape: tuple[int, int, int], dtype: str = "float32"):
     """Variant ``name`` compiled on the first ``ring`` devices, with its integer operands."""
     lhs, rhs, expected = integer_operands(*shape, jnp.dtype(dtype))
@@ -287,7 +287,7 @@ def test_ring_schedule_covers_every_block_once_and_moves_one_hop(name, ring):
         for slot in range(slots):
             seen = [step.blocks[d][slot] for step in steps]
             assert sorted(seen) == list(range(ring))  # every block once per device
-    for now, after in zip(steps, steps[1:]):
+    for now, after in zip(steps, steps[1:], strict=False):  # consecutive pairs
         for d in range(ring):
             for slot, direction in enumerate(directions):
                 # what device d held travels to its neighbour in this slot's direction

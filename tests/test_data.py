@@ -30,8 +30,8 @@ def _check_pairs(batch) -> None:
     np.testing.assert_array_equal(x[:, 0], y * x.shape[1])
 
 
-def _sharding(k: int = 8, spec: P = P("x")) -> NamedSharding:
-    return NamedSharding(mesh_of(k), spec)
+def _sharding(k: int = 8, spec: P | None = None) -> NamedSharding:
+    return NamedSharding(mesh_of(k), P("x") if spec is None else spec)
 
 
 def test_every_example_exactly_once_and_pairs_stay_together():
@@ -163,8 +163,8 @@ def test_process_local_path_equals_global_path_on_one_process():
         ours = list(data.process_local_batches(dataset, 16, sharding, seed=5, drop_remainder=drop))
         theirs = list(data.sharded_batches(dataset, 16, sharding, seed=5, drop_remainder=drop))
         assert len(ours) == len(theirs)
-        for a, b in zip(ours, theirs):
-            for u, v in zip(a, b):
+        for a, b in zip(ours, theirs, strict=True):
+            for u, v in zip(a, b, strict=True):
                 assert u.sharding == v.sharding
                 np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -262,7 +262,7 @@ def test_saved_problem_loads_back_exactly(tmp_path):
     assert sorted(loaded) == ["id", "x", "y"] and len(loaded_params) == len(params) == 2
     for key in dataset:
         np.testing.assert_array_equal(loaded[key], dataset[key])
-    for (w, b), (lw, lb) in zip(params, loaded_params):
+    for (w, b), (lw, lb) in zip(params, loaded_params, strict=True):
         np.testing.assert_array_equal(lw, np.asarray(w))
         np.testing.assert_array_equal(lb, np.asarray(b))
 
@@ -306,7 +306,7 @@ def test_a_process_exit_code_follows_how_its_target_ended(error, code, capsys):
 
     try:
         raise error
-    except BaseException as caught:
+    except BaseException as caught:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too
         assert _report(caught) == code
     if code and not isinstance(error, SystemExit):
         assert type(error).__name__ in capsys.readouterr().err

@@ -43,7 +43,8 @@ def test_waits_for_the_result():
 
 
 def test_reports_the_devices_of_a_sharded_result(devices):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((8,), ("x",), devices=devices)
     x = jax.device_put(jnp.ones(16), NamedSharding(mesh, P("x")))

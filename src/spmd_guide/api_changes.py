@@ -131,7 +131,11 @@ class ApiChange:
         return PROBES[kind](argument)
 
 
-def load(path: Path = Path(__file__).with_name("api_changes.toml")) -> tuple[ApiChange, ...]:
+TABLE = Path(__file__).with_name("api_changes.toml")
+"""The table of changes this module reads by default."""
+
+
+def load(path: Path = TABLE) -> tuple[ApiChange, ...]:
     """The entries of the TOML table, checked for unknown probe kinds."""
     if not isinstance(path, (str, Path)):
         raise checks.InputTypeError(f"path must be the path of a TOML file, got {path!r}.")

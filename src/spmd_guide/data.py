@@ -110,7 +110,7 @@ def sharded_batches(dataset: Dataset, batch_size: int,
 
     def build(rows: np.ndarray) -> Any:
         arrays = [_gather(leaf, rows, leaf_sharding)
-                  for leaf, leaf_sharding in zip(leaves, shardings)]
+                  for leaf, leaf_sharding in zip(leaves, shardings, strict=True)]
         return jax.tree.unflatten(treedef, arrays)
 
     return Batches(_split(order, sizes), build)
@@ -164,7 +164,7 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
             jax.make_array_from_process_local_data(
                 leaf_sharding, leaf[rows],
                 (len(rows) * processes, *leaf.shape[1:]))
-            for leaf, leaf_sharding in zip(leaves, shardings)
+            for leaf, leaf_sharding in zip(leaves, shardings, strict=True)
         ]
         return jax.tree.unflatten(treedef, arrays)
 
@@ -252,7 +252,7 @@ def _check_batch_size(batch_size: int, leaves: list[np.ndarray],
     return the number of pieces that axis is cut into."""
     _check_count("batch_size", batch_size, minimum=1)
     pieces = math.lcm(*(batch_axis_size(s, leaf.ndim)
-                        for leaf, s in zip(leaves, shardings)))
+                        for leaf, s in zip(leaves, shardings, strict=True)))
     if batch_size % pieces:
         raise checks.InputError(
             f"batch_size {batch_size} does not split evenly over the "
@@ -283,7 +283,7 @@ def _batch_sizes(n: int, batch_size: int, leaves: list[np.ndarray],
                 f"drop_remainder=True to drop it, or choose a batch size "
                 f"that divides {n}.")
         sizes.append(remainder)
-    for leaf, leaf_sharding in zip(leaves, shardings):
+    for leaf, leaf_sharding in zip(leaves, shardings, strict=True):
         for size in set(sizes):
             shape = (size, *leaf.shape[1:])
             try:
@@ -296,14 +296,14 @@ def _batch_sizes(n: int, batch_size: int, leaves: list[np.ndarray],
 
 def _split(order: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     bounds = np.cumsum([0, *sizes])
-    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _local_rows(shardings: list[Sharding], leaves: list[np.ndarray],
                 batch_size: int) -> int:
     """How many rows of a global batch this process's devices hold."""
     shares = set()
-    for leaf, sharding in zip(leaves, shardings):
+    for leaf, sharding in zip(leaves, shardings, strict=True):
         shape = (batch_size, *leaf.shape[1:])
         index_map = sharding.addressable_devices_indices_map(shape)
         ranges = {_row_range(index[0], batch_size)

@@ -319,7 +319,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _collect(procs, files, workdir: Path, finished: dict[int, float],
              start: float) -> list[ProcessResult]:
     results = []
-    for index, (proc, (out, err)) in enumerate(zip(procs, files)):
+    for index, (proc, (out, err)) in enumerate(zip(procs, files, strict=True)):
         value_path = workdir / f"{index}.json"
         try:
             value = json.loads(value_path.read_text())
@@ -426,7 +426,7 @@ def process_main(spec_path: str, process_id: int) -> None:
     )
     try:
         _run_target(spec, spec_path, process_id)
-    except BaseException as error:  # an exception, or sys.exit() in a script
+    except BaseException as error:  # noqa: BLE001 - an exception, or sys.exit() in a script
         code = _report(error)
         if code != 0:
             _exit_now(code)

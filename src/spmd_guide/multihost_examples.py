@@ -12,10 +12,10 @@ import os
 import re
 import textwrap
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -184,7 +184,7 @@ def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
         raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
     dataset, params = example_problem(**options)
     layers = {f"{kind}{i}": np.asarray(array) for i, layer in enumerate(params)
-              for kind, array in zip("wb", layer)}
+              for kind, array in zip("wb", layer, strict=True)}
     np.savez(path, **dataset, **layers)
     return os.fspath(path)
 
