@@ -14,8 +14,8 @@ def problem(tmp_path_factory):
     return examples.save_problem(tmp_path_factory.mktemp("problem") / "problem.npz")
 
 
-def test_strategies_with_2d_batch_layouts_step_like_one_device(problem):
-    strategies = ["tp", "auto_2d"]  # their batch layout is 2-D; the ids are 1-D
+def test_a_strategy_with_a_2d_batch_layout_steps_like_one_device(problem):
+    strategies = ["tp"]  # its batch layout is 2-D; the ids are 1-D
     reference = examples.single_process_step(problem=problem)
     value = examples.data_parallel_step(problem=problem, strategies=strategies)
     assert sorted(value["steps"]) == sorted(strategies)

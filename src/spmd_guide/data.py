@@ -109,8 +109,9 @@ def sharded_batches(dataset: Dataset, batch_size: int,
     order = epoch_order(n, seed=seed, epoch=epoch)
 
     def build(rows: np.ndarray) -> Any:
+        pairs = zip(leaves, shardings, strict=True)
         arrays = [_gather(leaf, rows, leaf_sharding)
-                  for leaf, leaf_sharding in zip(leaves, shardings, strict=True)]
+                  for leaf, leaf_sharding in pairs]
         return jax.tree.unflatten(treedef, arrays)
 
     return Batches(_split(order, sizes), build)

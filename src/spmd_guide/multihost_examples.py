@@ -110,7 +110,8 @@ def hybrid_mesh_ids() -> list[list[int]]:
 def misbehave(*, raise_on: int | None = None,
               hang_on: int | None = None) -> int:
     """Fail on purpose: process ``raise_on`` raises, ``hang_on`` hangs."""
-    raise_on, hang_on = _process_id("raise_on", raise_on), _process_id("hang_on", hang_on)
+    raise_on = _process_id("raise_on", raise_on)
+    hang_on = _process_id("hang_on", hang_on)
     me = jax.process_index()
     print(f"process {me} started", flush=True)
     if me == raise_on:

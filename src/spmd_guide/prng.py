@@ -147,7 +147,8 @@ def device_key(key: jax.Array,
         names = ()
     if not names or not all(isinstance(n, str) and n for n in names):
         raise checks.InputError(
-            f"device_key needs mesh axis names ('x' or ('x', 'y')), got {axis_names!r}.")
+            f"device_key needs mesh axis names ('x' or ('x', 'y')), "
+            f"got {axis_names!r}.")
     return jax.random.fold_in(key, jax.lax.axis_index(names))
 
 
