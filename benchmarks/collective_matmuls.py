@@ -43,8 +43,8 @@ def main(argv: list[str]) -> int:
     import numpy as np
     from tabulate import tabulate
 
-    from spmd_guide import environment_summary, hlo
     from spmd_guide import collective_matmul as cm
+    from spmd_guide import environment_summary, hlo, ring_costs
     from spmd_guide.timing import time_fn
 
     devices = jax.devices()
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         rhs = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
         medians = {}
         for name in cm.VARIANTS:
-            program = cm.compile_variant(name, lhs, rhs, mesh, "x")
+            program = ring_costs.compile_variant(name, lhs, rhs, mesh, "x")
             timing = time_fn(program.program, program.lhs, program.rhs,
                              runs=args.runs, label=name)
             ops = hlo.collectives(program.program)

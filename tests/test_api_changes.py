@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from spmd_guide.api_changes import CHANGES, resolve, rows
+from spmd_guide.api_changes import CHANGES, load, resolve, rows
 
 EXPECTED_IN_0_10 = {
     "jax.sharding.PositionalSharding": "removed",
@@ -58,8 +58,6 @@ def test_html_table_has_a_row_and_an_example_per_change():
 
 
 def test_an_entry_with_an_unknown_probe_kind_is_refused(tmp_path):
-    from spmd_guide.api_changes import load
-
     table = tmp_path / "changes.toml"
     table.write_text(
         '[[change]]\nold = "a"\nnew = "b"\nchanged_in = "0.1"\nexample = "a -> b"\n'
@@ -67,3 +65,24 @@ def test_an_entry_with_an_unknown_probe_kind_is_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="unknown probe kinds.*guess"):
         load(table)
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+BAD_INPUT = [
+    ("a typo'd package", lambda: resolve("jaxx.tree_map"), InputError, "never existed"),
+    ("not a name", lambda: resolve("jax..tree_map"), InputError, "dotted"),
+    ("not a string", lambda: resolve(None), InputError, "dotted"),
+    ("empty", lambda: resolve(""), InputError, "dotted"),
+    ("load a number", lambda: load(3),
+     InputTypeError, "TOML"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()

@@ -25,7 +25,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide import collective_matmul as cm
-from spmd_guide import hlo
+from spmd_guide import hlo, ring_costs
 
 NAMES = list(cm.VARIANTS)
 RINGS = ["allgather_overlapped", "allgather_bidi", "reduce_scatter_overlapped",
@@ -45,11 +45,11 @@ def shape_for(ring: int, *, square: bool) -> tuple[int, int, int]:
     return (4 * ring, 4 * ring, 4 * ring) if square else (6 * ring, 4 * ring, 5)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(name: str, ring: int, shape: tuple[int, int, int], dtype: str = "float32"):
     """Variant ``name`` compiled on the first ``ring`` devices, with its integer operands."""
     lhs, rhs, expected = integer_operands(*shape, jnp.dtype(dtype))
-    program = cm.compile_variant(name, lhs, rhs, mesh_of(ring), "x")
+    program = ring_costs.compile_variant(name, lhs, rhs, mesh_of(ring), "x")
     return program, expected
 
 
@@ -180,7 +180,7 @@ def test_collectives_and_ring_bound_bytes_on_8_devices(name):
     counts, sent = EXPECTED[name]
     assert hlo.collective_counts(program.program) == {**dict.fromkeys(hlo.KINDS, 0), **counts}
     assert hlo.communication_bytes(program.program) == sent
-    assert cm.ring_bound_bytes(name, 48, 32, 5, 4, 8) == sent
+    assert ring_costs.ring_bound_bytes(name, 48, 32, 5, 4, 8) == sent
 
 
 @pytest.mark.parametrize("name", RINGS)
@@ -204,25 +204,25 @@ def test_bytes_are_the_ring_bound_on_4_devices_in_bfloat16(name):
     itemsize = 4 if wire_dtype == "f32" else 2
     moved = k * n if name.startswith("allgather") else m * n  # rhs, or the output
     assert sum(op.bytes_sent for op in ops) == 3 * moved * itemsize // 4
-    assert cm.ring_bound_bytes(name, m, k, n, itemsize, 4) == 3 * moved * itemsize // 4
+    assert ring_costs.ring_bound_bytes(name, m, k, n, itemsize, 4) == 3 * moved * itemsize // 4
 
 
 def test_bidirectional_rings_split_the_bytes_evenly_between_directions():
     for name, total in (("allgather_bidi", 560), ("reduce_scatter_bidi", 840)):
         ops = hlo.collectives(compiled(name, 8, shape_for(8, square=False))[0].program)
-        assert cm.bytes_by_direction(ops, 8) == {"forward": total // 2,
+        assert ring_costs.bytes_by_direction(ops, 8) == {"forward": total // 2,
                                                  "backward": total // 2, "other": 0}
     ops = hlo.collectives(compiled("allgather_overlapped", 8, (48, 32, 5))[0].program)
-    assert cm.bytes_by_direction(ops, 8) == {"forward": 560, "backward": 0, "other": 0}
+    assert ring_costs.bytes_by_direction(ops, 8) == {"forward": 560, "backward": 0, "other": 0}
     ops = hlo.collectives(compiled("reduce_scatter_overlapped", 8, (48, 32, 5))[0].program)
-    assert cm.bytes_by_direction(ops, 8) == {"forward": 0, "backward": 840, "other": 0}
+    assert ring_costs.bytes_by_direction(ops, 8) == {"forward": 0, "backward": 840, "other": 0}
     ops = hlo.collectives(compiled("allgather", 8, (48, 32, 5))[0].program)
-    assert cm.bytes_by_direction(ops, 8) == {"forward": 0, "backward": 0, "other": 560}
+    assert ring_costs.bytes_by_direction(ops, 8) == {"forward": 0, "backward": 0, "other": 560}
 
 
 def test_collective_rows_group_the_ops():
     ops = hlo.collectives(compiled("allgather_bidi", 8, (48, 32, 5))[0].program)
-    rows = cm.collective_rows(ops)
+    rows = ring_costs.collective_rows(ops)
     assert rows == [{"collective": "collective-permute", "buffer": "f32[2,5]", "group": 8,
                      "count": 14, "sent per op": "40 B", "bytes sent": 560}]
 
@@ -260,7 +260,7 @@ def test_uneven_shapes_raise_before_any_computation(name, monkeypatch):
 def test_other_bad_input_gets_clear_errors():
     mesh = mesh_of(2)
     ok = np.ones((4, 4), np.float32)
-    with pytest.raises(ValueError, match=r"axes \('x',\), not 'y'"):
+    with pytest.raises(ValueError, match=r"'y' is not an axis of the mesh, whose axes are \('x',\)"):
         cm.allgather(ok, ok, mesh, "y")
     with pytest.raises(ValueError, match="2-D operands"):
         cm.reduce_scatter(np.ones((2, 4, 4)), ok, mesh, "x")
@@ -268,7 +268,7 @@ def test_other_bad_input_gets_clear_errors():
         cm.allgather_bidi(ok, np.ones((6, 4)), mesh, "x")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         cm.allgather(ok, ok, "x", "x")
-    with pytest.raises(ValueError, match="no collective matmul 'gather'"):
+    with pytest.raises(ValueError, match="unknown collective matmul 'gather'"):
         cm.variant("gather")
 
 
@@ -278,7 +278,7 @@ def test_other_bad_input_gets_clear_errors():
 @pytest.mark.parametrize("ring", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("name", RINGS)
 def test_ring_schedule_covers_every_block_once_and_moves_one_hop(name, ring):
-    steps = cm.ring_schedule(name, ring)
+    steps = ring_costs.ring_schedule(name, ring)
     assert len(steps) == ring
     slots = len(steps[0].blocks[0])
     assert slots == (2 if name.endswith("bidi") else 1)
@@ -287,7 +287,7 @@ def test_ring_schedule_covers_every_block_once_and_moves_one_hop(name, ring):
         for slot in range(slots):
             seen = [step.blocks[d][slot] for step in steps]
             assert sorted(seen) == list(range(ring))  # every block once per device
-    for now, after in zip(steps, steps[1:]):
+    for now, after in zip(steps, steps[1:], strict=False):  # consecutive pairs
         for d in range(ring):
             for slot, direction in enumerate(directions):
                 # what device d held travels to its neighbour in this slot's direction
@@ -302,16 +302,16 @@ def test_ring_schedule_covers_every_block_once_and_moves_one_hop(name, ring):
 def test_ring_schedule_sends_are_the_compiled_source_target_pairs(name):
     ops = hlo.collectives(compiled(name, 8, (48, 32, 5))[0].program)
     compiled_pairs = sorted(pair for op in ops for pair in op.groups)
-    drawn_pairs = sorted(pair for step in cm.ring_schedule(name, 8) for pair in step.sends)
+    drawn_pairs = sorted(pair for step in ring_costs.ring_schedule(name, 8) for pair in step.sends)
     assert drawn_pairs == compiled_pairs
 
 
 def test_draw_ring_draws_one_cell_per_block_and_one_arrow_per_send():
-    fig = cm.draw_ring("allgather_bidi", 4)
+    fig = ring_costs.draw_ring("allgather_bidi", 4)
     patches = fig.axes[0].patches
     assert sum(p.get_gid() == "cell" for p in patches) == 4 * 4 * 2
     assert sum(p.get_gid() == "arrow" for p in patches) == 3 * 8
-    fig = cm.draw_ring("allgather", 4)
+    fig = ring_costs.draw_ring("allgather", 4)
     assert sum(p.get_gid() == "cell" for p in fig.axes[0].patches) == 4 + 16
 
 
@@ -346,7 +346,7 @@ def test_chapter_exercise_bytes_for_a_large_layer():
         program = jax.jit(functools.partial(cm.VARIANTS[name], mesh=mesh, axis_name="x"))
         assert hlo.communication_bytes(program, lhs, rhs) == expected
         for variant in (name, f"{name}_overlapped", f"{name}_bidi"):
-            assert cm.ring_bound_bytes(variant, 1024, 4096, 1024, 4, 8) == expected
+            assert ring_costs.ring_bound_bytes(variant, 1024, 4096, 1024, 4, 8) == expected
 
 
 def test_chapter_exercise_uneven_shape():
@@ -378,3 +378,111 @@ def test_the_notebooks_bidirectional_case_agrees_at_its_tolerance():
     low = jnp.matmul(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
                      preferred_element_type=jnp.float32)
     assert not jnp.allclose(low, lhs @ rhs, atol=1e-3, rtol=1e-3)
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+
+def _op(kind: str, pairs, nbytes: int = 16) -> hlo.Collective:
+    """A stand-in collective: ``pairs`` are a collective-permute's (source, target)."""
+    return hlo.Collective(kind=kind, buffers=(hlo.Buffer("f32", (nbytes // 4,)),),
+                          group_size=2, bytes_sent=nbytes,
+                          groups=tuple(tuple(p) for p in pairs))
+
+
+def _ring(n: int, step: int = 1):
+    return [(i, (i + step) % n) for i in range(n)]
+
+
+_OK = np.ones((8, 8), np.float32)
+BAD_INPUT = [
+    ("string lhs", lambda: cm.allgather("lhs", _OK, mesh_of(2), "x"), InputTypeError, "array"),
+    ("None rhs", lambda: cm.reduce_scatter(_OK, None, mesh_of(2), "x"), InputTypeError, "rhs"),
+    ("object lhs", lambda: cm.allgather(np.full((8, 8), None), _OK, mesh_of(2), "x"),
+     InputTypeError, "numbers"),
+    ("1-D lhs", lambda: cm.allgather(np.ones(8), _OK, mesh_of(2), "x"), InputError, "2-D"),
+    ("K mismatch", lambda: cm.allgather(_OK, np.ones((4, 8)), mesh_of(2), "x"), InputError,
+     "columns"),
+    ("M indivisible", lambda: cm.reduce_scatter_bidi(np.ones((6, 8)), _OK, mesh_of(2), "x"),
+     InputError, "divisible"),
+    ("unknown axis", lambda: cm.allgather(_OK, _OK, mesh_of(2), "y"), InputError, "not an axis"),
+    ("axis not str", lambda: cm.allgather(_OK, _OK, mesh_of(2), 0), InputTypeError, "axis"),
+    ("mesh a tuple", lambda: cm.allgather(_OK, _OK, (2,), "x"), InputTypeError, "Mesh"),
+    ("unknown variant", lambda: cm.variant("allgater"), InputError, "choose one of"),
+    ("rows_by 0", lambda: cm.check_shapes(_OK, _OK, rows_by=0, contraction_by=1), InputError,
+     "rows_by"),
+    ("rows_by -8", lambda: cm.check_shapes(_OK, _OK, rows_by=-8, contraction_by=1), InputError,
+     "rows_by"),
+    ("ring bytes m<0", lambda: ring_costs.ring_bound_bytes("allgather", -8, 8, 8, 4, 8), InputError,
+     "m must be"),
+    ("ring bytes ring 0", lambda: ring_costs.ring_bound_bytes("reduce_scatter", 8, 8, 8, 4, 0),
+     InputError, "ring"),
+    ("ring bytes float", lambda: ring_costs.ring_bound_bytes("allgather", 8, 8.5, 8, 4, 2),
+     InputTypeError, "integer"),
+    ("schedule ring 0", lambda: ring_costs.ring_schedule("allgather_bidi", 0), InputError, "ring"),
+    ("8-ring sends, ring=4", lambda: ring_costs.bytes_by_direction([_op("collective-permute", _ring(8))],
+                                                           4), InputError, "ring=8"),
+    ("4-ring back, ring=8", lambda: ring_costs.bytes_by_direction(
+        [_op("collective-permute", _ring(4, -1))], 8), InputError, "ring=4"),
+    ("ops not collectives", lambda: ring_costs.bytes_by_direction(["all-gather"], 2), InputTypeError,
+     "hlo.collectives"),
+    ("rows of a string", lambda: ring_costs.collective_rows("ops"), InputTypeError, "collectives"),
+    ("compile bidi odd K", lambda: ring_costs.compile_variant("allgather_bidi", np.ones((4, 6)),
+                                                      np.ones((6, 4)), mesh_of(2), "x"),
+     InputError, "divisible by 4"),
+    ("specs axis None", lambda: cm.allgather_specs(None), InputTypeError, "axis_name"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_python_lists_multiply_like_arrays():
+    lhs = np.arange(32, dtype=np.float32).reshape(4, 8)
+    rhs = np.arange(16, dtype=np.float32).reshape(8, 2)
+    for name in ("allgather", "reduce_scatter_bidi"):
+        out = cm.VARIANTS[name](lhs.tolist(), rhs.tolist(), mesh_of(2), "x")
+        np.testing.assert_allclose(np.asarray(out), lhs @ rhs)
+
+
+def test_bytes_by_direction_counts_the_right_ring_and_a_2d_mesh_ring():
+    forward, backward = _op("collective-permute", _ring(8)), _op("collective-permute",
+                                                                 _ring(8, -1), 8)
+    assert ring_costs.bytes_by_direction([forward, backward], 8) == {
+        "forward": 16, "backward": 8, "other": 0}
+    # a ring of 4 along the second axis of a (2, 4) mesh: two rings, ids 0-3 and 4-7
+    two_rings = [(i, 4 * (i // 4) + (i + 1) % 4) for i in range(8)]
+    assert ring_costs.bytes_by_direction([_op("collective-permute", two_rings)], 4)["forward"] == 16
+    assert ring_costs.bytes_by_direction([_op("all-gather", ())], 4) == {
+        "forward": 0, "backward": 0, "other": 16}
+
+
+# --------------------------------------------------------------------------- property: any shape
+
+_SUBMESHES = st.sampled_from([(1,), (2,), (4,), (8,), (2, 4), (4, 2)])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(NAMES), mesh_shape=_SUBMESHES, m=st.integers(1, 16),
+       k=st.integers(1, 16), n=st.integers(1, 5), axis=st.integers(0, 1))
+def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
+        name, mesh_shape, m, k, n, axis):
+    names = ("x", "y")[:len(mesh_shape)]
+    mesh = mesh_of(int(np.prod(mesh_shape)), names, mesh_shape)
+    axis_name = names[min(axis, len(names) - 1)]
+    lhs, rhs, expected = integer_operands(m, k, n, jnp.float32, seed=m + k)
+    try:
+        out = cm.VARIANTS[name](lhs, rhs, mesh, axis_name)
+    except (InputError, InputTypeError):
+        ring = mesh.shape[axis_name]
+        bidi = 2 if name.endswith("bidi") else 1
+        rows = ring * (bidi if name.startswith("reduce") else 1)
+        cols = ring * (bidi if name.startswith("allgather") else 1)
+        assert m % rows or k % cols  # refused only when the split is uneven
+        return
+    np.testing.assert_array_equal(np.asarray(out), expected)

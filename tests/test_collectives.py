@@ -240,7 +240,7 @@ def test_draw_panels_rejects_bad_input():
 def test_uneven_input_and_wrong_axis_raise_clear_errors():
     with pytest.raises(ValueError, match=r"\(10,\).*4 equal blocks.*divisible by 4"):
         C.block_sums(np.arange(10.0), mesh_of(4))
-    with pytest.raises(ValueError, match="not 'y'"):
+    with pytest.raises(ValueError, match="'y' is not an axis"):
         C.global_sum(np.arange(8.0), mesh_of(4), axis_name="y")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         C.block_sums(np.arange(8.0), "mesh")
@@ -309,3 +309,90 @@ def test_two_psums_compile_to_one_combined_all_reduce():
         mesh=mesh, in_specs=jax.P("x"), out_specs=(jax.P(), jax.P())))
     ops = hlo.collectives(two_sums, jnp.arange(32.0))
     assert [(op.kind, len(op.buffers)) for op in ops] == [("all-reduce", 2)]
+
+# --------------------------------------------------------------------------- bad input, table
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+BAD_INPUT = [
+    ("string x", lambda: C.global_sum("abc", mesh_of(2)), InputTypeError, "array"),
+    ("None x", lambda: C.block_sums(None, mesh_of(2)), InputTypeError, "array"),
+    ("scalar x", lambda: C.global_sum(3.0, mesh_of(2)), InputError, "equal"),
+    ("indivisible x", lambda: C.global_sum(np.arange(5.0), mesh_of(2)), InputError,
+     "divisible by 2"),
+    ("unknown axis", lambda: C.block_sums(np.arange(4.0), mesh_of(2), axis_name="y"),
+     InputError, "not an axis"),
+    ("axis not str", lambda: C.block_sums(np.arange(4.0), mesh_of(2), axis_name=0),
+     InputTypeError, "axis_name"),
+    ("mesh a list", lambda: C.global_sum(np.arange(4.0), [0, 1]), InputTypeError, "Mesh"),
+    ("blocks n=0", lambda: C.blocks(np.arange(4), 0), InputError, "n_devices"),
+    ("blocks n=2.0", lambda: C.blocks(np.arange(4), 2.0), InputTypeError, "integer"),
+    ("kernel not callable", lambda: C.per_device_result("psum", np.arange(4.0), mesh_of(2)),
+     InputTypeError, "function"),
+    ("kernel names axis 'y'", lambda: C.per_device_result(
+        lambda b, a: jax.lax.psum(b, "y"), np.arange(4.0), mesh_of(2)), InputError,
+     "does not have"),
+    ("untiled psum_scatter block of 2 on 4", lambda: C.per_device_result(
+        C.psum_scatter_kernel, np.arange(8.0), mesh_of(4)), InputError, "exactly 4"),
+    ("tiled psum_scatter block of 1 on 4", lambda: C.per_device_result(
+        C.psum_scatter_tiled_kernel, np.arange(4.0), mesh_of(4)), InputError, "multiple of 4"),
+    ("all_to_all 3 columns on 2", lambda: C.per_device_result(
+        C.all_to_all_kernel, np.ones((2, 3)), mesh_of(2)), InputError, "columns"),
+    ("rows_to_columns string", lambda: C.rows_to_columns("m", mesh_of(2)), InputTypeError,
+     "array"),
+    ("unknown example", lambda: C.example("gather"), InputError, "choose one of"),
+    ("example n=0", lambda: C.EXAMPLES["psum"].example_input(0), InputError, "n_devices"),
+    ("traced_types kernel None", lambda: C.traced_types(None, np.arange(4.0), mesh_of(2)),
+     InputTypeError, "function"),
+    ("ring_scaling block 0", lambda: C.ring_scaling(C.psum_kernel, block_elements=0,
+                                                    device_counts=[2]), InputError,
+     "block_elements"),
+    ("ring_scaling 99 devices", lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
+                                                       device_counts=[99]), InputError,
+     "this process has"),
+    ("ring_scaling counts int", lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
+                                                       device_counts=4), InputTypeError,
+     "sequence"),
+    ("hlo_rows bad axis", lambda: C.hlo_rows(mesh_of(2), axis_name="z"), InputError,
+     "not an axis"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_python_lists_are_arrays_not_trees_of_scalars():
+    x = list(range(16))
+    assert C.global_sum(x, mesh_of(4)).tolist() == [120]
+    np.testing.assert_array_equal(np.asarray(C.block_sums([float(v) for v in x], mesh_of(8))),
+                                  np.arange(16.0).reshape(8, 2).sum(1))
+
+
+# --------------------------------------------------------------------------- property: any shape
+
+_KERNELS = ["psum", "all_gather_tiled", "psum_scatter", "psum_scatter_tiled", "ppermute",
+            "all_to_all"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(_KERNELS), n=st.sampled_from([1, 2, 4, 8]),
+       rows=st.integers(1, 20), cols=st.integers(1, 5))
+def test_random_shapes_and_meshes_give_numpy_or_the_packages_error(name, n, rows, cols):
+    shape = (rows,) if name != "all_to_all" else (rows, cols)
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    try:
+        got = C.per_device_result(C.EXAMPLES[name].kernel, x, mesh_of(n))
+    except (InputError, InputTypeError):
+        block = rows // n if rows % n == 0 else None
+        assert (block is None or (name == "psum_scatter" and block != n)
+                or (name == "psum_scatter_tiled" and block % n)
+                or (name == "all_to_all" and cols % n))
+        return
+    np.testing.assert_allclose(got, reference(name, x, n))

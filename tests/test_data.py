@@ -30,8 +30,8 @@ def _check_pairs(batch) -> None:
     np.testing.assert_array_equal(x[:, 0], y * x.shape[1])
 
 
-def _sharding(k: int = 8, spec: P = P("x")) -> NamedSharding:
-    return NamedSharding(mesh_of(k), spec)
+def _sharding(k: int = 8, spec: P | None = None) -> NamedSharding:
+    return NamedSharding(mesh_of(k), P("x") if spec is None else spec)
 
 
 def test_every_example_exactly_once_and_pairs_stay_together():
@@ -163,8 +163,8 @@ def test_process_local_path_equals_global_path_on_one_process():
         ours = list(data.process_local_batches(dataset, 16, sharding, seed=5, drop_remainder=drop))
         theirs = list(data.sharded_batches(dataset, 16, sharding, seed=5, drop_remainder=drop))
         assert len(ours) == len(theirs)
-        for a, b in zip(ours, theirs):
-            for u, v in zip(a, b):
+        for a, b in zip(ours, theirs, strict=True):
+            for u, v in zip(a, b, strict=True):
                 assert u.sharding == v.sharding
                 np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -228,3 +228,65 @@ def test_exercise_seed_and_epoch_do_not_alias():
     """Exercise 3: (seed, epoch) = (0, 1) and (1, 0) give different orders."""
     assert not np.array_equal(data.epoch_order(100, seed=0, epoch=1),
                               data.epoch_order(100, seed=1, epoch=0))
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+
+def _rows(n: int = 2):
+    return NamedSharding(mesh_of(n), P("x"))
+
+
+BAD_INPUT = [
+    ("batch_axis_size ndim 0", lambda: data.batch_axis_size(_rows(), ndim=0), InputError,
+     "ndim"),
+    ("batch_axis_size a spec", lambda: data.batch_axis_size(P("x")), InputTypeError,
+     "NamedSharding"),
+    ("batch_axis_size ndim float", lambda: data.batch_axis_size(_rows(), ndim=1.0),
+     InputTypeError, "integer"),
+    ("batch size 0", lambda: data.sharded_batches(_dataset(8), 0, _rows(), seed=0), InputError,
+     "batch_size"),
+    ("batch size str", lambda: data.sharded_batches(_dataset(8), "4", _rows(), seed=0),
+     InputTypeError, "batch_size"),
+    ("batch size too big", lambda: data.sharded_batches(_dataset(8), 16, _rows(), seed=0),
+     InputError, "larger"),
+    ("batch size indivisible", lambda: data.sharded_batches(_dataset(8), 3, _rows(), seed=0),
+     InputError, "multiple of 2"),
+    ("seed negative", lambda: data.sharded_batches(_dataset(8), 4, _rows(), seed=-1),
+     InputError, "seed"),
+    ("seed float", lambda: data.sharded_batches(_dataset(8), 4, _rows(), seed=0.5),
+     InputTypeError, "seed"),
+    ("epoch str", lambda: data.sharded_batches(_dataset(8), 4, _rows(), seed=0, epoch="1"),
+     InputTypeError, "epoch"),
+    ("drop_remainder str", lambda: data.sharded_batches(_dataset(8), 4, _rows(), seed=0,
+                                                        drop_remainder="no"),
+     InputTypeError, "True or False"),
+    ("string leaf", lambda: data.sharded_batches({"x": np.ones((4, 2)), "name": "abc"}, 2,
+                                                 _rows(), seed=0), InputTypeError, "name"),
+    ("lengths differ", lambda: data.sharded_batches((np.ones(8), np.ones(6)), 2, _rows(),
+                                                    seed=0), InputError, "leading length"),
+    ("empty dataset", lambda: data.sharded_batches((), 2, _rows(), seed=0), InputError,
+     "no arrays"),
+    ("sharding a spec", lambda: data.sharded_batches(_dataset(8), 4, P("x"), seed=0),
+     InputTypeError, "Sharding"),
+    ("last batch uneven", lambda: data.sharded_batches(_dataset(9), 4, _rows(), seed=0),
+     InputError, "drop_remainder"),
+    ("epoch_order 0", lambda: data.epoch_order(0, seed=0), InputError, "num_examples"),
+    ("local batches size", lambda: data.process_local_batches(_dataset(8), 3, _rows(), seed=0),
+     InputError, "multiple of 2"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_numpy_integers_are_counts():
+    batches = data.sharded_batches(_dataset(8), np.int64(4), _rows(), seed=np.int32(1),
+                                   epoch=np.int64(0))
+    assert len(batches) == 2 and data.batch_axis_size(_rows(4), ndim=np.int64(2)) == 4

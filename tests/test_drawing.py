@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from spmd_guide import collective_matmul as cm
 from spmd_guide import collectives as C
-from spmd_guide import drawing, hlo, profiling, show, tpu_ring
+from spmd_guide import drawing, hlo, profiling, ring_costs, show, tpu_ring
 
 SOURCE = Path(drawing.__file__)
 
@@ -52,8 +51,8 @@ def test_palette_meets_wcag_aa_under_the_text_colour():
 @pytest.mark.parametrize("make", [
     lambda mesh: C.draw_collective("all_gather_tiled", mesh),
     lambda mesh: C.draw_collective("psum", mesh),
-    lambda mesh: cm.draw_ring("reduce_scatter_bidi", 4),
-    lambda mesh: cm.draw_ring("allgather_overlapped", 4),
+    lambda mesh: ring_costs.draw_ring("reduce_scatter_bidi", 4),
+    lambda mesh: ring_costs.draw_ring("allgather_overlapped", 4),
 ])
 def test_panel_figures_fit_the_column_with_text_of_at_least_11_px(make):
     mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Auto,))

@@ -205,3 +205,69 @@ def test_exercise_legacy_key_batch_shape():
     assert legacy.shape == (8, 2) and legacy.dtype == jnp.uint32
     assert typed.shape == (8,)
     np.testing.assert_array_equal(legacy, jax.random.key_data(typed))
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+_KEY = jax.random.key(0)
+BAD_INPUT = [
+    ("sampler indivisible", lambda: prng.sampler((3,), NamedSharding(mesh_of(8), P("x"))),
+     InputError, "divisible by 8"),
+    ("sampler a spec", lambda: prng.sampler((8,), P("x")), InputTypeError, "NamedSharding"),
+    ("sampler shape str", lambda: prng.sampler("8", NamedSharding(mesh_of(2), P("x"))),
+     InputTypeError, "shape"),
+    ("sampler negative", lambda: prng.sampler((-2,), NamedSharding(mesh_of(2), P("x"))),
+     InputError, "at least 0"),
+    ("sampler spec too long", lambda: prng.sampler(
+        (4,), NamedSharding(mesh_of(2), P(None, "x"))), InputError, "dimensions"),
+    ("prefix > size", lambda: prng.prefix_matches(_KEY, size=4, prefix=5), InputError,
+     "at most 4"),
+    ("prefix 0", lambda: prng.prefix_matches(_KEY, size=4, prefix=0), InputError, "prefix"),
+    ("key a float", lambda: prng.prefix_matches(0.5, size=4, prefix=2), InputTypeError,
+     "random key"),
+    ("key a string", lambda: prng.add_uniform_noise("seed", np.ones(2, np.float32)),
+     InputTypeError, "random key"),
+    ("noise on ints", lambda: prng.add_uniform_noise(_KEY, np.ones(2, np.int32)),
+     InputTypeError, "floating"),
+    ("dropout rate 1", lambda: prng.dropout(_KEY, np.ones(2, np.float32), rate=1.0), InputError,
+     "below 1.0"),
+    ("dropout rate nan", lambda: prng.dropout(_KEY, np.ones(2, np.float32), rate=float("nan")),
+     InputError, "finite"),
+    ("dropout rate str", lambda: prng.dropout(_KEY, np.ones(2, np.float32), rate="0.1"),
+     InputTypeError, "real number"),
+    ("sharded dropout bad axis", lambda: prng.sharded_dropout(
+        _KEY, np.ones(4, np.float32), mesh_of(2), axis_name="y", rate=0.1), InputError,
+     "not an axis"),
+    ("sharded dropout rows", lambda: prng.sharded_dropout(
+        _KEY, np.ones(3, np.float32), mesh_of(2), axis_name="x", rate=0.1), InputError,
+     "multiple of 2"),
+    ("sharded dropout flag 1", lambda: prng.sharded_dropout(
+        _KEY, np.ones(4, np.float32), mesh_of(2), axis_name="x", rate=0.1, per_device_keys=1),
+     InputTypeError, "True or False"),
+    ("device_key no names", lambda: prng.device_key(_KEY, ()), InputError, "axis names"),
+    ("device_key int name", lambda: prng.device_key(_KEY, 0), InputError, "axis names"),
+    ("correlation blocks 1", lambda: prng.block_correlation(np.ones(4), blocks=1), InputError,
+     "blocks"),
+    ("correlation uneven", lambda: prng.block_correlation(np.arange(5.0), blocks=2),
+     InputError, "evenly"),
+    ("correlation strings", lambda: prng.block_correlation(["a", "b"], blocks=2),
+     InputTypeError, "numbers"),
+    ("compare_modes not fn", lambda: prng.compare_modes(3), InputTypeError, "function"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_an_int_seed_is_a_key_and_bfloat16_is_a_float():
+    noisy = prng.add_uniform_noise(0, jnp.zeros(4, jnp.bfloat16))
+    assert noisy.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(noisy),
+                                  np.asarray(prng.add_uniform_noise(jax.random.key(0),
+                                                                    jnp.zeros(4, jnp.bfloat16))))

@@ -350,3 +350,58 @@ def test_ring_diagram_draws_every_device():
         show.ring_hops(stand_ins, [0, 0, 9])
     with pytest.raises(ValueError, match="coords"):
         show.ring_hops([SimpleNamespace(id=0)], [0])
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+
+
+def _sharded(n: int = 2):
+    return jax.device_put(np.arange(8.0), NamedSharding(mesh_of(n), P("x")))
+
+
+BAD_INPUT = [
+    ("index a float", lambda: show.devices_holding(_sharded(), (2.5,)), InputTypeError,
+     "integer"),
+    ("index a str", lambda: show.devices_holding(_sharded(), "3"), InputTypeError, "sequence"),
+    ("index out of range", lambda: show.devices_holding(_sharded(), (8,)), InputError,
+     "not an element"),
+    ("index too short", lambda: show.devices_holding(_sharded(), ()), InputError,
+     "not an element"),
+    ("numpy array, not jax", lambda: show.layout_table(np.arange(4)), InputTypeError,
+     "device_put"),
+    ("3-D array", lambda: show.shard_blocks(jnp.zeros((2, 2, 2))), InputError, "reshape"),
+    ("data flag str", lambda: show.shard_blocks(_sharded(), data="yes"), InputTypeError,
+     "True or False"),
+    ("describe a list", lambda: show.describe([1, 2]), InputTypeError, "jax.Array"),
+    ("title not str", lambda: show.layout_grid(_sharded(), title=3), InputTypeError, "title"),
+    ("side_by_side of text", lambda: show.side_by_side("a", "b"), InputTypeError, "HTML"),
+    ("gallery_entry spec str", lambda: show.gallery_entry(np.arange(8), mesh_of(2), "x"),
+     InputTypeError, "PartitionSpec"),
+    ("gallery_entry no mesh", lambda: show.gallery_entry(np.arange(8), None, P("x")),
+     InputTypeError, "Mesh"),
+    ("gallery names mismatch", lambda: show.gallery(np.arange(8), [(2, 4)], [P()],
+                                                    axis_names=("x",)), InputError,
+     "one name per axis"),
+    ("gallery shape 0", lambda: show.gallery(np.arange(8), [(0, 8)], [P()]), InputError,
+     "at least 1"),
+    ("gallery of 16 devices", lambda: show.gallery(np.arange(8), [(16,)], [P()],
+                                                   axis_names=("x",)), InputError,
+     "8 are available"),
+    ("gallery shapes a tuple of ints", lambda: show.gallery(np.arange(8), (2, 4), [P()]),
+     InputTypeError, "sequence"),
+    ("gallery values str", lambda: show.gallery("abc", [(2, 4)], [P()]), InputTypeError,
+     "array"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_numpy_integer_index_is_an_index():
+    assert show.devices_holding(_sharded(), (np.int64(5),)) == (DEVICES[1].id,)

@@ -266,14 +266,15 @@ def test_gradients_and_steps_keep_every_parameter_layout(name, k, sizes):
     placed, placed_batch = strategy.shard(params, batch, mesh)
     grads = jax.jit(jax.grad(strategy.loss(mesh)))(placed, placed_batch)
     step = strategy.sgd_step(mesh, placed, learning_rate=0.01)
-    current = placed
-    for _ in range(3):
+    current, _ = step(placed, placed_batch)
+    compiled = step._cache_size()  # the cached step may hold other tests' shapes too
+    for _ in range(2):
         current, _ = step(current, placed_batch)
     for leaf, grad, new in zip(jax.tree.leaves(placed), jax.tree.leaves(grads),
                                jax.tree.leaves(current), strict=True):
         assert grad.sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
         assert new.sharding.is_equivalent_to(leaf.sharding, leaf.ndim)
-    assert step._cache_size() == 1  # the same layouts came back in: one compilation
+    assert step._cache_size() == compiled  # the same layouts came back in: no recompiling
 
 
 def test_without_pinning_the_step_can_drift():

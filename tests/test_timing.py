@@ -43,7 +43,8 @@ def test_waits_for_the_result():
 
 
 def test_reports_the_devices_of_a_sharded_result(devices):
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((8,), ("x",), devices=devices)
     x = jax.device_put(jnp.ones(16), NamedSharding(mesh, P("x")))
@@ -79,3 +80,41 @@ def test_reading_claims_no_more_than_the_ratio(ratio, words):
 def test_reading_refuses_nonsense():
     with pytest.raises(ValueError, match="positive"):
         reading(0.0)
+
+
+# --------------------------------------------------------------------------- bad input, table
+
+from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.timing import speedup  # noqa: E402
+
+BAD_INPUT = [
+    ("reading nan", lambda: reading(float("nan")), InputError, "finite"),
+    ("reading inf", lambda: reading(float("inf")), InputError, "finite"),
+    ("reading 0", lambda: reading(0), InputError, "positive"),
+    ("reading str", lambda: reading("2"), InputTypeError, "real number"),
+    ("cores 0", lambda: beyond_cores([1.5], cores=0), InputError, "cores"),
+    ("cores float", lambda: beyond_cores([1.5], cores=2.5), InputTypeError, "integer"),
+    ("ratios empty", lambda: beyond_cores([], cores=2), InputError, "empty"),
+    ("ratios a number", lambda: beyond_cores(3.0, cores=2), InputTypeError, "list"),
+    ("ratio nan", lambda: beyond_cores([float("nan")], cores=2), InputError, "finite"),
+    ("runs 0", lambda: time_fn(jnp.sin, 1.0, runs=0), InputError, "runs"),
+    ("warmup 0", lambda: time_fn(jnp.sin, 1.0, warmup=0), InputError, "compiles"),
+    ("runs float", lambda: time_fn(jnp.sin, 1.0, runs=2.0), InputTypeError, "integer"),
+    ("fn not callable", lambda: time_fn(3.0), InputTypeError, "function"),
+    ("label not str", lambda: time_fn(jnp.sin, 1.0, runs=1, label=3), InputTypeError, "label"),
+    ("table of floats", lambda: timing_table([1.0]), InputTypeError, "Timing"),
+    ("table empty", lambda: timing_table([]), InputTypeError, "non-empty"),
+    ("speedup of floats", lambda: speedup(1.0, 2.0), InputTypeError, "Timing"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_beyond_cores_takes_any_iterable_of_ratios():
+    assert beyond_cores((r for r in [1.5, 3.0]), cores=2).startswith("A ratio above 2")
+    assert beyond_cores([1.5], cores=None) == ""

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import jax
 
+from spmd_guide import checks
+
+
 def resolve(dotted: str) -> str:
     """``"removed"``, ``"deprecated"`` or ``"present"`` for a dotted name.
 
@@ -28,9 +31,10 @@ def resolve(dotted: str) -> str:
     table of names that warn (or, with no object left, raise); it is read
     directly, because JAX caches its warning and gives it only once per
     process. A ``DeprecationWarning`` on import (a deprecated module) counts
-    too.
+    too. A name whose top-level package cannot be imported (``jaxx.tree_map``)
+    is refused: it was never part of JAX, so it cannot have been removed.
     """
-    parts = dotted.split(".")
+    parts = _dotted_parts(dotted)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i in range(len(parts), 0, -1):
@@ -51,6 +55,21 @@ def resolve(dotted: str) -> str:
     if any(issubclass(w.category, DeprecationWarning) for w in caught):
         return "deprecated"
     return "present"
+
+
+def _dotted_parts(dotted: object) -> list[str]:
+    """The parts of a dotted name whose first part is an importable package."""
+    parts = dotted.split(".") if isinstance(dotted, str) else []
+    if not parts or not all(part.isidentifier() for part in parts):
+        raise checks.InputError(
+            f"resolve needs a dotted Python name such as 'jax.tree_map', got {dotted!r}.")
+    try:
+        importlib.import_module(parts[0])
+    except ImportError:
+        raise checks.InputError(
+            f"cannot import {parts[0]!r}, the package {dotted!r} would be in: check the "
+            "spelling (a name that never existed was not removed).") from None
+    return parts
 
 
 def _shard_map_argument(name: str) -> str:
@@ -112,8 +131,15 @@ class ApiChange:
         return PROBES[kind](argument)
 
 
-def load(path: Path = Path(__file__).with_name("api_changes.toml")) -> tuple[ApiChange, ...]:
+TABLE = Path(__file__).with_name("api_changes.toml")
+"""The table of changes this module reads by default."""
+
+
+def load(path: Path = TABLE) -> tuple[ApiChange, ...]:
     """The entries of the TOML table, checked for unknown probe kinds."""
+    if not isinstance(path, (str, Path)):
+        raise checks.InputTypeError(f"path must be the path of a TOML file, got {path!r}.")
+    path = Path(path)
     with path.open("rb") as file:
         entries = tomllib.load(file)["change"]
     changes = tuple(
@@ -123,7 +149,7 @@ def load(path: Path = Path(__file__).with_name("api_changes.toml")) -> tuple[Api
     )
     unknown = {c.probe for c in changes if c.probe.partition(":")[0] not in PROBES}
     if unknown:
-        raise ValueError(f"{path.name}: unknown probe kinds {sorted(unknown)}; known: {sorted(PROBES)}.")
+        raise checks.InputError(f"{path.name}: unknown probe kinds {sorted(unknown)}; known: {sorted(PROBES)}.")
     return changes
 
 

@@ -160,21 +160,32 @@ def array(name: str, value: Any, *, ndim: int | None = None, min_ndim: int = 0,
             value = np.asarray(value)
         except (TypeError, ValueError):
             raise InputTypeError(f"{name} must be an array, got {_show(value)}.") from None
-        if value.dtype == object or value.dtype.kind in "SUV":
-            raise InputTypeError(
-                f"{name} must be an array of numbers, got {_show(value)}.")
+
+    if isinstance(value, np.ndarray) and _kind(value.dtype) in "OSUV":
+        raise InputTypeError(
+            f"{name} must be an array of numbers, got {_show(value)} (dtype {value.dtype}).")
     if ndim is not None and len(value.shape) != ndim:
         raise InputError(
             f"{name} must have {ndim} dimension(s), got shape {tuple(value.shape)}.")
     if len(value.shape) < min_ndim:
         raise InputError(
             f"{name} needs at least {min_ndim} dimension(s), got shape {tuple(value.shape)}.")
-    if dtype_kind is not None and np.dtype(value.dtype).kind not in dtype_kind:
+    if dtype_kind is not None and _kind(value.dtype) not in dtype_kind:
         kinds = {"i": "signed integer", "u": "unsigned integer", "f": "floating",
                  "b": "boolean", "c": "complex"}
         wanted = " or ".join(kinds.get(k, k) for k in dtype_kind)
         raise InputTypeError(f"{name} must have a {wanted} dtype, got {value.dtype}.")
     return value
+
+
+def _kind(dtype: Any) -> str:
+    """NumPy's kind letter, with JAX's extra floats (bfloat16, float8: NumPy kind ``V``) as
+    ``f`` and PRNG key arrays as ``K``."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return "K"
+    if jax.dtypes.issubdtype(dtype, np.floating):
+        return "f"
+    return np.dtype(dtype).kind
 
 
 def array_tree(name: str, tree: Any) -> list[Any]:
@@ -253,6 +264,17 @@ def spec_fits(name: str, shape: Sequence[int], spec: Any, mesh_: Mesh) -> None:
         over = " x ".join(f"{a!r} (size {mesh_.shape[a]})" for a in axes)
         divisible(f"dimension {dim} of {name}", int(shape[dim]), ways,
                   why=f"over mesh axis {over}" if axes else "")
+
+
+def sharding(name: str, value: Any) -> jax.sharding.Sharding:
+    """A ``jax.sharding.Sharding`` (``NamedSharding(mesh, P('x'))``, a single device's...)."""
+    if not isinstance(value, jax.sharding.Sharding):
+        hint = (" (a PartitionSpec says how to cut; NamedSharding(mesh, spec) adds the mesh)"
+                if isinstance(value, PartitionSpec) else "")
+        raise InputTypeError(
+            f"{name} must be a jax.sharding.Sharding such as NamedSharding(mesh, P('x')), got "
+            f"{_show(value)}{hint}.")
+    return value
 
 
 # --------------------------------------------------------------------------- choices

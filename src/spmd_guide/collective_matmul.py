@@ -25,8 +25,7 @@ a notebook cell cannot change what an already defined function computes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,6 +35,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide import checks
 from spmd_guide.collectives import axis_size
 
 Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
@@ -45,11 +45,6 @@ Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
 # ---------------------------------------------------------------------------
 
 
-def ring_size(mesh: Mesh, axis_name: str) -> int:
-    """The number of devices round the ring along ``axis_name``; a clear error if none."""
-    return axis_size(mesh, axis_name)
-
-
 def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
                  contraction_by: int) -> None:
     """Raise ``ValueError`` unless ``lhs @ rhs`` is a 2-D matmul whose
@@ -57,25 +52,29 @@ def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
     ``contraction_by`` the contraction dimension K.
 
     Floor division would silently drop the leftover rows and return a wrong
-    product, so uneven shapes are refused instead.
+    product, so uneven shapes are refused instead. Shapes are static, so the
+    check costs nothing under ``jit``.
     """
-    lhs_shape, rhs_shape = np.shape(lhs), np.shape(rhs)
+    rows_by = checks.count("rows_by", rows_by)
+    contraction_by = checks.count("contraction_by", contraction_by)
+    lhs_shape = tuple(checks.array("lhs", lhs).shape)
+    rhs_shape = tuple(checks.array("rhs", rhs).shape)
     if len(lhs_shape) != 2 or len(rhs_shape) != 2:
-        raise ValueError(
+        raise checks.InputError(
             f"Collective matmuls take 2-D operands, got lhs of shape "
             f"{lhs_shape} and rhs of shape {rhs_shape}. Reshape batched "
             f"inputs to (rows, features) first."
         )
     (m, k), (k_rhs, _) = lhs_shape, rhs_shape
     if k != k_rhs:
-        raise ValueError(
+        raise checks.InputError(
             f"lhs of shape {lhs_shape} and rhs of shape {rhs_shape} cannot "
             f"be multiplied: lhs has {k} columns but rhs has {k_rhs} rows."
         )
     for what, size, divisor in (("rows M", m, rows_by),
                                 ("contraction K", k, contraction_by)):
         if size % divisor:
-            raise ValueError(
+            raise checks.InputError(
                 f"lhs of shape {lhs_shape} @ rhs of shape {rhs_shape}: "
                 f"{what} = {size} is not divisible by {divisor}, so it "
                 f"cannot be split into {divisor} equal blocks. Use a "
@@ -88,13 +87,28 @@ def check_shapes(lhs: Any, rhs: Any, *, rows_by: int,
 # ---------------------------------------------------------------------------
 
 
+def _axis_name(axis_name: Any) -> str:
+    if not isinstance(axis_name, str) or not axis_name:
+        raise checks.InputTypeError(
+            f"axis_name must be a mesh axis name (a non-empty string), got {axis_name!r}.")
+    return axis_name
+
+
+def as_operand(x: Any) -> Any:
+    """A ``jax.Array`` or tracer as it is, anything else as a NumPy array (a list given to
+    ``jax.device_put`` would be a tree of separate scalars)."""
+    return x if isinstance(x, (jax.Array, jax.core.Tracer)) else np.asarray(x)
+
+
 def allgather_specs(axis_name: str) -> tuple[P, P]:
     """The all-gather family's layout of (lhs, rhs): both split by rows."""
+    _axis_name(axis_name)
     return P(axis_name, None), P(axis_name, None)
 
 
 def reduce_scatter_specs(axis_name: str) -> tuple[P, P]:
     """The reduce-scatter family's layout of (lhs, rhs): K split."""
+    _axis_name(axis_name)
     return P(None, axis_name), P(axis_name, None)
 
 
@@ -110,9 +124,11 @@ def run_on_ring(per_device: Callable[..., jax.Array], lhs: Any, rhs: Any,
     ``in_specs``. ``jax.device_put`` works eagerly and under ``jit``, on
     Auto and Explicit meshes alike.
     """
+    checks.function("per_device", per_device)
+    axis_size(mesh, axis_name)
     lhs_spec, rhs_spec = specs
-    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
-    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
+    lhs = jax.device_put(as_operand(lhs), NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(as_operand(rhs), NamedSharding(mesh, rhs_spec))
     program = _ring_program(per_device, mesh, axis_name, lhs_spec, rhs_spec)
     return program(lhs, rhs)
 
@@ -200,7 +216,7 @@ def allgather_bidi_per_device(lhs_rows, rhs_block, *, axis_name: str,
 
 def allgather(lhs: Any, rhs: Any, mesh: Mesh, axis_name: str) -> jax.Array:
     """``lhs @ rhs``, gathering all of ``rhs`` onto every device first."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
     return run_on_ring(allgather_per_device, lhs, rhs, mesh, axis_name,
                        specs=allgather_specs(axis_name))
@@ -209,7 +225,7 @@ def allgather(lhs: Any, rhs: Any, mesh: Mesh, axis_name: str) -> jax.Array:
 def allgather_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
                          axis_name: str) -> jax.Array:
     """``lhs @ rhs``, passing ``rhs`` blocks round the ring as it goes."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
     return run_on_ring(allgather_overlapped_per_device, lhs, rhs, mesh,
                        axis_name, specs=allgather_specs(axis_name))
@@ -218,7 +234,7 @@ def allgather_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
 def allgather_bidi(lhs: Any, rhs: Any, mesh: Mesh,
                    axis_name: str) -> jax.Array:
     """``lhs @ rhs``, half of every ``rhs`` block going each way round."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=2 * ring)
     return run_on_ring(allgather_bidi_per_device, lhs, rhs, mesh, axis_name,
                        specs=allgather_specs(axis_name))
@@ -288,7 +304,7 @@ def reduce_scatter_bidi_per_device(lhs_columns, rhs_block, *,
 def reduce_scatter(lhs: Any, rhs: Any, mesh: Mesh,
                    axis_name: str) -> jax.Array:
     """``lhs @ rhs`` as local partial products, then one reduce-scatter."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
     return run_on_ring(reduce_scatter_per_device, lhs, rhs, mesh, axis_name,
                        specs=reduce_scatter_specs(axis_name))
@@ -297,7 +313,7 @@ def reduce_scatter(lhs: Any, rhs: Any, mesh: Mesh,
 def reduce_scatter_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
                               axis_name: str) -> jax.Array:
     """``lhs @ rhs``, passing running sums round the ring as it goes."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
     return run_on_ring(reduce_scatter_overlapped_per_device, lhs, rhs, mesh,
                        axis_name, specs=reduce_scatter_specs(axis_name))
@@ -306,7 +322,7 @@ def reduce_scatter_overlapped(lhs: Any, rhs: Any, mesh: Mesh,
 def reduce_scatter_bidi(lhs: Any, rhs: Any, mesh: Mesh,
                         axis_name: str) -> jax.Array:
     """``lhs @ rhs``, half of every running sum going each way round."""
-    ring = ring_size(mesh, axis_name)
+    ring = axis_size(mesh, axis_name)
     check_shapes(lhs, rhs, rows_by=2 * ring, contraction_by=ring)
     return run_on_ring(reduce_scatter_bidi_per_device, lhs, rhs, mesh,
                        axis_name, specs=reduce_scatter_specs(axis_name))
@@ -332,190 +348,4 @@ FAMILY_SPECS: dict[str, Callable[[str], tuple[P, P]]] = {
 
 def variant(name: str) -> Matmul:
     """The variant called ``name``; a clear error listing the names."""
-    if name not in VARIANTS:
-        raise ValueError(f"no collective matmul {name!r}; choose one of "
-                         f"{list(VARIANTS)}.")
-    return VARIANTS[name]
-
-
-# ---------------------------------------------------------------------------
-# Compile once; ask the program for its result, collectives and time.
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompiledMatmul:
-    """One variant compiled for one mesh, shape and dtype, with its inputs
-    already laid out. Calling it runs the compiled program on them: nothing
-    is placed or compiled on the way, and the collectives read from
-    ``program`` are exactly those that run."""
-
-    name: str
-    program: Any  # jax.stages.Compiled
-    lhs: jax.Array
-    rhs: jax.Array
-
-    def __call__(self) -> jax.Array:
-        return self.program(self.lhs, self.rhs)
-
-
-def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
-                    axis_name: str) -> CompiledMatmul:
-    """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
-    matmul = variant(name)
-    ring = ring_size(mesh, axis_name)
-    check_shapes(lhs, rhs, rows_by=ring, contraction_by=ring)
-    lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
-    lhs = jax.device_put(lhs, NamedSharding(mesh, lhs_spec))
-    rhs = jax.device_put(rhs, NamedSharding(mesh, rhs_spec))
-    jitted = jax.jit(functools.partial(matmul, mesh=mesh, axis_name=axis_name))
-    return CompiledMatmul(name, jitted.lower(lhs, rhs).compile(), lhs, rhs)
-
-
-def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
-                     ring: int) -> int:
-    """Bytes one device must send, under the ring model, for variant
-    ``name`` on ``(m, k) @ (k, n)`` with elements of ``itemsize`` bytes.
-
-    All-gather family: each device must receive the ``ring - 1`` rhs blocks
-    it lacks, and in a ring it forwards as many as it receives:
-    ``(ring - 1) / ring`` of rhs, ``k * n`` elements. Reduce-scatter family:
-    the same fraction of the output, ``m * n`` elements.
-    """
-    variant(name)
-    elements = k * n if name.startswith("allgather") else m * n
-    return (ring - 1) * elements * itemsize // ring
-
-
-def collective_rows(ops: Sequence[Any]) -> list[dict[str, Any]]:
-    """Collectives of a program (``spmd_guide.hlo.collectives``) grouped by
-    kind and buffer: how many, bytes one device sends for each, in all."""
-    from spmd_guide.hlo import format_bytes
-
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
-    for op in ops:
-        row = rows.setdefault((op.kind, op.shape_text), {
-            "collective": op.kind, "buffer": op.shape_text,
-            "group": op.group_size, "count": 0,
-            "sent per op": format_bytes(op.bytes_sent), "bytes sent": 0,
-        })
-        row["count"] += 1
-        row["bytes sent"] += op.bytes_sent
-    return list(rows.values())
-
-
-def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
-    """Bytes one device sends to its next neighbour (``forward``) and to
-    its previous one (``backward``) in the collective-permutes of ``ops``;
-    other collectives count as ``other``. (On a ring of 2 both neighbours
-    are the same device; everything then counts as ``forward``.)"""
-    totals = {"forward": 0, "backward": 0, "other": 0}
-    for op in ops:
-        hops = ({(target - source) % ring for source, target in op.groups}
-                if op.kind == "collective-permute" else set())
-        if hops == {1 % ring}:
-            totals["forward"] += op.bytes_sent
-        elif hops == {-1 % ring}:
-            totals["backward"] += op.bytes_sent
-        else:
-            totals["other"] += op.bytes_sent
-    return totals
-
-
-# ---------------------------------------------------------------------------
-# Ring diagrams: which block each device holds, step by step.
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RingStep:
-    """One step of a ring schedule.
-
-    ``blocks[d]`` lists the blocks device d multiplies (all-gather family:
-    rhs blocks) or adds its share to (reduce-scatter family: output row
-    blocks) at this step; the bidirectional rings have two entries, for the
-    two halves. ``sends`` are the (source, destination) pairs of the
-    transfers that follow the step, ``label`` names them.
-    """
-
-    title: str
-    blocks: tuple[tuple[int, ...], ...]
-    sends: tuple[tuple[int, int], ...] = ()
-    label: str = ""
-
-
-def _ring_sends(ring: int, direction: int) -> tuple[tuple[int, int], ...]:
-    return tuple((d, (d + direction) % ring) for d in range(ring))
-
-
-def ring_schedule(name: str, ring: int) -> list[RingStep]:
-    """The steps of variant ``name`` on ``ring`` devices, with the block
-    indices of its per-device code (the one-collective variants: before and
-    after their collective)."""
-    variant(name)
-    if ring < 1:
-        raise ValueError(f"a ring needs at least one device, got {ring}.")
-    devices = range(ring)
-    every_block = tuple(range(ring))
-    if name == "allgather":
-        return [RingStep("start", tuple((d,) for d in devices),
-                         label="all-gather"),
-                RingStep("after all_gather",
-                         tuple(every_block for _ in devices))]
-    if name == "reduce_scatter":
-        return [RingStep("after local matmul",
-                         tuple(every_block for _ in devices),
-                         label="reduce-scatter"),
-                RingStep("after psum_scatter", tuple((d,) for d in devices))]
-    forward, backward = _ring_sends(ring, +1), _ring_sends(ring, -1)
-    steps = []
-    for s in range(ring):
-        if name == "allgather_overlapped":
-            blocks = tuple(((d - s) % ring,) for d in devices)
-            sends = forward
-        elif name == "allgather_bidi":
-            blocks = tuple(((d - s) % ring, (d + s) % ring) for d in devices)
-            sends = forward + backward
-        elif name == "reduce_scatter_overlapped":
-            blocks = tuple(((d + s + 1) % ring,) for d in devices)
-            sends = backward
-        else:  # reduce_scatter_bidi: top halves backward, bottom forward
-            blocks = tuple(((d + s + 1) % ring, (d - s - 1) % ring)
-                           for d in devices)
-            sends = backward + forward
-        last = s == ring - 1
-        steps.append(RingStep(f"step {s}", blocks, () if last else sends,
-                              "" if last else "ppermute"))
-    return steps
-
-
-def draw_ring(name: str, ring: int, **options: Any) -> Any:
-    """Draw ``ring_schedule(name, ring)`` with
-    :func:`spmd_guide.drawing.draw_panels`; return the Figure.
-
-    One panel per step, one row per device; a cell is a block number,
-    coloured as the device the block starts on (all-gather family) or ends
-    on (reduce-scatter family). Arrows are the sends between steps.
-    """
-    from spmd_guide.drawing import Panel, draw_panels
-
-    steps = ring_schedule(name, ring)
-    gather = name.startswith("allgather")
-    if name == "reduce_scatter":
-        what = "partial sums of all row blocks, then one summed block each"
-    elif gather:
-        what = "the rhs block each device multiplies"
-    else:
-        what = "the output row block each device adds to"
-    if name.endswith("bidi"):
-        what += (" (forward half, backward half)" if gather
-                 else " (top half, bottom half)")
-    panels = [Panel(step.title, [list(b) for b in step.blocks],
-                    [list(b) for b in step.blocks]) for step in steps]
-    options.setdefault("title", f"{name}, {ring} devices: {what}")
-    options.setdefault("fmt", "R{:g}" if gather else "O{:g}")
-    options.setdefault("alt", f"{name} on a ring of {ring} devices, step by step: {what}; "
-                       "arrows are the blocks each device sends to the next.")
-    return draw_panels(
-        panels, arrows=[list(step.sends) or None for step in steps[:-1]],
-        gap_labels=[step.label for step in steps[:-1]], **options)
+    return VARIANTS[checks.one_of("collective matmul", name, VARIANTS)]

@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo
+from spmd_guide import checks, hlo
 from spmd_guide.drawing import (  # noqa: F401  (the pictures' vocabulary, re-exported)
     COMBINED,
     Panel,
@@ -59,24 +59,23 @@ Kernel = Callable[[jax.Array, str], jax.Array]
 
 def axis_size(mesh: Mesh, axis_name: str) -> int:
     """Devices along ``axis_name`` of ``mesh``; a clear error for a wrong mesh or axis name."""
-    if not isinstance(mesh, Mesh):
-        raise TypeError(
-            "mesh must be a jax.sharding.Mesh, e.g. jax.make_mesh((8,), ('x',)); "
-            f"got {type(mesh).__name__}."
-        )
-    if axis_name not in mesh.axis_names:
-        raise ValueError(
-            f"the mesh has axes {mesh.axis_names}, not {axis_name!r}: pass axis_name= one of them."
-        )
-    return int(mesh.shape[axis_name])
+    return checks.axis(checks.mesh("mesh", mesh), axis_name)
+
+
+def _array(name: str, x: Any) -> Any:
+    """``x`` as an array: a ``jax.Array`` or tracer as it is, a list or scalar as NumPy
+    (``jax.device_put`` would take a list for a tree of separate scalars)."""
+    x = checks.array(name, x)
+    return x if isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
 def _placed(x: Any, mesh: Mesh, axis_name: str) -> jax.Array:
     """``x`` laid out as ``P(axis_name)``; a clear error if it cannot be."""
     n = axis_size(mesh, axis_name)
+    x = _array("x", x)
     shape = np.shape(x)
     if len(shape) == 0 or shape[0] % n:
-        raise ValueError(
+        raise checks.InputError(
             f"an input of shape {shape} cannot be cut into {n} equal "
             f"blocks along its first axis (mesh axis {axis_name!r} has "
             f"{n} devices): use a first dimension divisible by {n}."
@@ -84,12 +83,28 @@ def _placed(x: Any, mesh: Mesh, axis_name: str) -> jax.Array:
     return jax.device_put(x, NamedSharding(mesh, P(axis_name)))
 
 
+def _kernel_fits(block: jax.Array, axis_name: str, *, dim: int, exact: bool) -> None:
+    """Inside ``shard_map``: dimension ``dim`` of ``block`` equals the axis size (``exact``)
+    or splits into that many equal parts. Static shapes only: free under ``jit``."""
+    n = jax.lax.axis_size(axis_name)
+    size = block.shape[dim] if block.ndim > dim else None
+    if size is None or (size != n if exact else size % n):
+        rule = f"exactly {n}" if exact else f"a multiple of {n}"
+        fix = (f"give the input {n * n} rows in all" if exact and dim == 0 else
+               f"give the input a multiple of {n * n if dim == 0 else n} "
+               f"{'rows' if dim == 0 else 'columns'}")
+        raise checks.InputError(
+            f"each device's block has shape {tuple(block.shape)}, but its dimension {dim} must "
+            f"be {rule} (the size of mesh axis {axis_name!r}): {fix}.")
+
+
 def blocks(x: Any, n_devices: int) -> np.ndarray:
     """The blocks ``in_specs=P(axis)`` gives each of ``n_devices`` devices, stacked:
     ``blocks(x, n)[d]`` is device d's (numpy, for references and pictures)."""
-    x = np.asarray(x)
+    n_devices = checks.count("n_devices", n_devices)
+    x = np.asarray(_array("x", x))
     if x.ndim == 0 or x.shape[0] % n_devices:
-        raise ValueError(
+        raise checks.InputError(
             f"an input of shape {x.shape} cannot be cut into {n_devices} equal blocks along "
             f"its first axis: use a first dimension divisible by {n_devices}."
         )
@@ -134,6 +149,7 @@ def traced_types(kernel: Kernel, x: Any, mesh: Mesh, *, axis_name: str = "x"
     A ``{V:x}`` suffix marks a value that *varies* over the manual mesh axis ``x``; a value
     without it is known to be the same on every device. Traced only (nothing is compiled).
     """
+    checks.function("kernel", kernel)
     x = _placed(x, mesh, axis_name)
     seen: list[str] = []
 
@@ -174,12 +190,14 @@ def all_gather_tiled_kernel(block: jax.Array, axis_name: str) -> jax.Array:
 
 def psum_scatter_kernel(block: jax.Array, axis_name: str) -> jax.Array:
     """Sum the blocks; device d keeps entry d (needs len(block) == n)."""
+    _kernel_fits(block, axis_name, dim=0, exact=True)
     return jax.lax.psum_scatter(block, axis_name,
                                 scatter_dimension=0, tiled=False)
 
 
 def psum_scatter_tiled_kernel(block: jax.Array, axis_name: str) -> jax.Array:
     """Sum the blocks; device d keeps the d-th of n equal slices."""
+    _kernel_fits(block, axis_name, dim=0, exact=False)
     return jax.lax.psum_scatter(block, axis_name,
                                 scatter_dimension=0, tiled=True)
 
@@ -198,6 +216,7 @@ def all_to_all_kernel(block: jax.Array, axis_name: str) -> jax.Array:
     Each device cuts its block into n column chunks and sends chunk j
     to device j, which stacks the n chunks it receives as rows.
     """
+    _kernel_fits(block, axis_name, dim=1, exact=False)
     return jax.lax.all_to_all(block, axis_name,
                               split_axis=1, concat_axis=0, tiled=True)
 
@@ -211,8 +230,9 @@ def rows_to_columns(x: Any, mesh: Mesh, *,
                     axis_name: str = "x") -> jax.Array:
     """The same matrix, resharded from rows to columns by all_to_all."""
     n = axis_size(mesh, axis_name)
+    x = _array("x", x)
     if np.ndim(x) != 2 or np.shape(x)[1] % n:
-        raise ValueError(
+        raise checks.InputError(
             f"rows_to_columns needs a matrix whose column count divides "
             f"by {n}, got shape {np.shape(x)}.")
     x = _placed(x, mesh, axis_name)
@@ -271,6 +291,7 @@ class CollectiveExample:
 
     def example_input(self, n_devices: int) -> np.ndarray:
         """``0, 1, 2, ...`` (float32) in this example's global shape for ``n_devices``."""
+        n_devices = checks.count("n_devices", n_devices)
         shape = self.input_shape(n_devices)
         return np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
 
@@ -310,9 +331,7 @@ EXAMPLES: dict[str, CollectiveExample] = {
 
 def example(name: str) -> CollectiveExample:
     """The worked example called ``name``; a clear error listing the names otherwise."""
-    if name not in EXAMPLES:
-        raise ValueError(f"no collective example {name!r}; choose one of {sorted(EXAMPLES)}.")
-    return EXAMPLES[name]
+    return EXAMPLES[checks.one_of("collective example", name, EXAMPLES)]
 
 
 # --------------------------------------------------------------------------------------
@@ -327,11 +346,24 @@ def per_device_function(kernel: Kernel, mesh: Mesh, *,
     Each device's result gets a new leading axis of size 1, and
     ``out_specs=P(axis_name)`` stacks them: nothing is lost even when
     the devices hold different values.
+
+    A bare ``AssertionError`` while tracing the kernel (what JAX raises inside ``shard_map``
+    for a collective naming an axis the mesh lacks) becomes an error that says so.
     """
+    checks.function("kernel", kernel)
     axis_size(mesh, axis_name)
 
     def one_device(block: jax.Array) -> jax.Array:
-        return jnp.expand_dims(kernel(block, axis_name), 0)
+        try:
+            result = kernel(block, axis_name)
+        except AssertionError as error:
+            raise checks.InputError(
+                f"the kernel {getattr(kernel, '__name__', kernel)!r} failed while being traced "
+                f"with a bare AssertionError, which is what JAX raises when a collective names "
+                f"an axis the mesh does not have. This mesh has axes "
+                f"{tuple(mesh.axis_names)}; use the axis_name argument the kernel receives "
+                f"({axis_name!r}) instead of a fixed name.") from error
+        return jnp.expand_dims(result, 0)
 
     return jax.shard_map(one_device, mesh=mesh,
                          in_specs=P(axis_name), out_specs=P(axis_name))
@@ -340,6 +372,7 @@ def per_device_function(kernel: Kernel, mesh: Mesh, *,
 def per_device_result(kernel: Kernel, x: Any, mesh: Mesh, *, axis_name: str = "x"
                       ) -> np.ndarray:
     """Run ``kernel`` on each device's block of ``x``; ``result[d]`` is device d's output."""
+    checks.function("kernel", kernel)
     placed = _placed(x, mesh, axis_name)
     return np.asarray(_jitted(kernel, mesh, axis_name)(placed))
 
@@ -436,11 +469,17 @@ def ring_scaling(kernel: Kernel, *, block_elements: int, device_counts: Sequence
                  axis_name: str = "x") -> list[dict[str, Any]]:
     """Bytes one device sends for ``kernel`` on float32 blocks of ``block_elements``, as the
     number of devices grows (meshes over the first k devices, Auto axes)."""
+    checks.function("kernel", kernel)
+    block_elements = checks.count("block_elements", block_elements)
     available = len(jax.devices())
+    device_counts = checks.counts("device_counts", device_counts)
+    if not isinstance(axis_name, str) or not axis_name:
+        raise checks.InputTypeError(f"axis_name must be a non-empty string, got {axis_name!r}.")
     rows = []
     for k in device_counts:
         if not 1 <= k <= available:
-            raise ValueError(f"cannot build a mesh of {k} devices: this process has {available}.")
+            raise checks.InputError(
+                f"cannot build a mesh of {k} devices: this process has {available}.")
         mesh = jax.make_mesh((k,), (axis_name,), axis_types=(jax.sharding.AxisType.Auto,),
                              devices=jax.devices()[:k])
         x = _placed(np.zeros(k * block_elements, np.float32), mesh, axis_name)
@@ -448,5 +487,6 @@ def ring_scaling(kernel: Kernel, *, block_elements: int, device_counts: Sequence
         buffer = sum(op.buffer_bytes for op in ops)
         sent = sum(op.bytes_sent for op in ops)
         rows.append({"devices": k, "B": hlo.format_bytes(buffer),
-                     "bytes sent per device": sent, "sent / B": round(sent / buffer, 4)})
+                     "bytes sent per device": sent,
+                     "sent / B": round(sent / buffer, 4) if buffer else 0.0})
     return rows

@@ -36,13 +36,14 @@ change from epoch to epoch. Training loops usually want
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Sharding
+
+from spmd_guide import checks
 
 Dataset = Any
 """A pytree of NumPy arrays sharing their leading length (one row per example)."""
@@ -108,8 +109,9 @@ def sharded_batches(dataset: Dataset, batch_size: int,
     order = epoch_order(n, seed=seed, epoch=epoch)
 
     def build(rows: np.ndarray) -> Any:
+        pairs = zip(leaves, shardings, strict=True)
         arrays = [_gather(leaf, rows, leaf_sharding)
-                  for leaf, leaf_sharding in zip(leaves, shardings)]
+                  for leaf, leaf_sharding in pairs]
         return jax.tree.unflatten(treedef, arrays)
 
     return Batches(_split(order, sizes), build)
@@ -163,7 +165,7 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
             jax.make_array_from_process_local_data(
                 leaf_sharding, leaf[rows],
                 (len(rows) * processes, *leaf.shape[1:]))
-            for leaf, leaf_sharding in zip(leaves, shardings)
+            for leaf, leaf_sharding in zip(leaves, shardings, strict=True)
         ]
         return jax.tree.unflatten(treedef, arrays)
 
@@ -174,21 +176,20 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
 def batch_axis_size(sharding: Sharding, ndim: int = 1) -> int:
     """Into how many pieces ``sharding`` cuts the leading (batch) axis.
 
-    ``ndim`` is the rank of the array it lays out. A batch size must be a
+    ``ndim`` is the rank of the array it lays out, at least 1: an array
+    without a leading axis has no batch axis. A batch size must be a
     multiple of this number. Devices holding the same rows (replicas over
     other mesh axes) count once.
     """
-    if not isinstance(sharding, Sharding):
-        raise TypeError(
-            f"expected a jax.sharding.Sharding such as "
-            f"NamedSharding(mesh, P('data')), got {type(sharding).__name__}.")
+    checks.sharding("sharding", sharding)
+    ndim = checks.count("ndim", ndim)
     n = len(sharding.device_set)
-    probe = (n,) * max(ndim, 1)
+    probe = (n,) * ndim
     try:
         sharding.check_compatible_aval(probe)
         index_map = sharding.devices_indices_map(probe)
     except (ValueError, TypeError, IndexError) as error:
-        raise ValueError(f"sharding {sharding} does not fit an array of rank "
+        raise checks.InputError(f"sharding {sharding} does not fit an array of rank "
                          f"{ndim}: {error}") from error
     return len({_row_range(index[0], n) for index in index_map.values()})
 
@@ -197,33 +198,30 @@ def batch_axis_size(sharding: Sharding, ndim: int = 1) -> int:
 
 
 def _check_count(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+    checks.count(name, value, minimum=minimum)
 
 
 def _leaves(dataset: Dataset) -> tuple[list[np.ndarray], Any]:
     """The dataset's leaves as NumPy arrays sharing a non-empty first axis."""
     flat, treedef = jax.tree.flatten_with_path(dataset)
     if not flat:
-        raise ValueError("the dataset has no arrays: pass e.g. a tuple "
+        raise checks.InputError("the dataset has no arrays: pass e.g. a tuple "
                          "(x, y) of NumPy arrays.")
     leaves, lengths = [], {}
     for path, leaf in flat:
-        array = np.asarray(leaf)
         name = jax.tree_util.keystr(path) or "dataset"
+        array = np.asarray(checks.array(f"dataset leaf {name}", leaf))
         if array.ndim == 0:
-            raise ValueError(f"dataset leaf {name} is a scalar; every leaf "
+            raise checks.InputError(f"dataset leaf {name} is a scalar; every leaf "
                              f"needs a leading example axis.")
         leaves.append(array)
         lengths[name] = array.shape[0]
     if len(set(lengths.values())) != 1:
         listing = ", ".join(f"{name}: {n}" for name, n in lengths.items())
-        raise ValueError(f"the dataset's arrays must share their leading "
+        raise checks.InputError(f"the dataset's arrays must share their leading "
                          f"length (one row per example), got {listing}.")
     if leaves[0].shape[0] == 0:
-        raise ValueError("the dataset is empty (leading length 0).")
+        raise checks.InputError("the dataset is empty (leading length 0).")
     return leaves, treedef
 
 
@@ -235,7 +233,7 @@ def _shardings_for(leaves: list[np.ndarray], treedef: Any,
     flat, tree = jax.tree.flatten(
         sharding, is_leaf=lambda s: isinstance(s, Sharding))
     if tree != treedef or not all(isinstance(s, Sharding) for s in flat):
-        raise TypeError(
+        raise checks.InputTypeError(
             f"sharding must be one jax.sharding.Sharding (e.g. "
             f"NamedSharding(mesh, P('data'))) or a pytree of them shaped "
             f"like the dataset ({treedef}); got {sharding!r}.")
@@ -255,9 +253,9 @@ def _check_batch_size(batch_size: int, leaves: list[np.ndarray],
     return the number of pieces that axis is cut into."""
     _check_count("batch_size", batch_size, minimum=1)
     pieces = math.lcm(*(batch_axis_size(s, leaf.ndim)
-                        for leaf, s in zip(leaves, shardings)))
+                        for leaf, s in zip(leaves, shardings, strict=True)))
     if batch_size % pieces:
-        raise ValueError(
+        raise checks.InputError(
             f"batch_size {batch_size} does not split evenly over the "
             f"sharding's batch axis of {pieces} pieces: use a multiple of "
             f"{pieces}.")
@@ -269,8 +267,9 @@ def _batch_sizes(n: int, batch_size: int, leaves: list[np.ndarray],
                  what: str) -> list[int]:
     """The sizes of the epoch's batches, checked to fit the shardings."""
     _check_count("batch_size", batch_size, minimum=1)
+    drop_remainder = checks.flag("drop_remainder", drop_remainder)
     if batch_size > n:
-        raise ValueError(
+        raise checks.InputError(
             f"batch_size {batch_size} is larger than {what} ({n} examples): "
             f"an epoch would have no full batch. Use at most {n}.")
     pieces = _check_batch_size(batch_size, leaves, shardings)
@@ -278,47 +277,47 @@ def _batch_sizes(n: int, batch_size: int, leaves: list[np.ndarray],
     sizes = [batch_size] * full
     if remainder and not drop_remainder:
         if remainder % pieces:
-            raise ValueError(
+            raise checks.InputError(
                 f"{n} examples in batches of {batch_size} leave a last batch "
                 f"of {remainder}, which does not split evenly over the "
                 f"sharding's batch axis of {pieces} pieces. Pass "
                 f"drop_remainder=True to drop it, or choose a batch size "
                 f"that divides {n}.")
         sizes.append(remainder)
-    for leaf, leaf_sharding in zip(leaves, shardings):
+    for leaf, leaf_sharding in zip(leaves, shardings, strict=True):
         for size in set(sizes):
             shape = (size, *leaf.shape[1:])
             try:
                 leaf_sharding.shard_shape(shape)
             except ValueError as error:
-                raise ValueError(f"a batch of shape {shape} cannot be laid "
+                raise checks.InputError(f"a batch of shape {shape} cannot be laid "
                                  f"out by {leaf_sharding}: {error}") from error
     return sizes
 
 
 def _split(order: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     bounds = np.cumsum([0, *sizes])
-    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [order[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _local_rows(shardings: list[Sharding], leaves: list[np.ndarray],
                 batch_size: int) -> int:
     """How many rows of a global batch this process's devices hold."""
     shares = set()
-    for leaf, sharding in zip(leaves, shardings):
+    for leaf, sharding in zip(leaves, shardings, strict=True):
         shape = (batch_size, *leaf.shape[1:])
         index_map = sharding.addressable_devices_indices_map(shape)
         ranges = {_row_range(index[0], batch_size)
                   for index in index_map.values()}
         shares.add(sum(stop - start for start, stop in ranges))
     if len(shares) != 1:
-        raise ValueError(
+        raise checks.InputError(
             f"the shardings give this process different numbers of batch "
             f"rows per leaf ({sorted(shares)}); use one batch-axis sharding "
             f"for every leaf.")
     share = shares.pop()
     if batch_size % share:
-        raise ValueError(
+        raise checks.InputError(
             f"this process holds {share} of the {batch_size} rows of a batch, "
             f"not an even share: spread the batch axis evenly over processes.")
     return share

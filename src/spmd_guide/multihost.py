@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spmd_guide import checks
+
 LOOPBACK = "127.0.0.1"
 """The only address the launcher uses: coordinator, its listening socket and gloo all stay on it."""
 
@@ -139,22 +141,24 @@ def launch(
     processes are not all done within ``timeout`` seconds. In every case all processes are
     stopped before the call returns or raises.
     """
-    _check_count("num_processes", num_processes)
-    _check_count("devices_per_process", devices_per_process)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0 \
-            or not math.isfinite(timeout):
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    num_processes = checks.count("num_processes", num_processes, maximum=256)
+    devices_per_process = checks.count("devices_per_process", devices_per_process,
+                                       maximum=checks.MAX_DEVICES)
+    timeout = checks.real("timeout (seconds)", timeout, positive=True)
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise checks.InputTypeError(
+            f"kwargs must be a dict of the function's keyword arguments, got {kwargs!r:.60}.")
     resolved = _resolve_target(target)
     if resolved.function is None and kwargs:
-        raise TypeError("kwargs are passed to a function; a script takes its inputs from args.")
+        raise checks.InputTypeError("kwargs are passed to a function; a script takes its inputs from args.")
     if resolved.script is None and args:
-        raise TypeError("args are a script's command line; pass a function's inputs as kwargs.")
+        raise checks.InputTypeError("args are a script's command line; pass a function's inputs as kwargs.")
     if isinstance(args, str) or not all(isinstance(a, str) for a in args):
-        raise TypeError(f"args must be a sequence of strings, got {args!r}.")
+        raise checks.InputTypeError(f"args must be a sequence of strings, got {args!r}.")
     try:
-        kwargs_json = json.dumps(dict(kwargs or {}))
-    except TypeError as error:
-        raise TypeError(f"kwargs must be JSON-serializable (numbers, strings, lists, dicts): "
+        kwargs_json = json.dumps(dict(kwargs or {}), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise checks.InputTypeError(f"kwargs must be JSON-serializable (numbers, strings, lists, dicts): "
                         f"{error}.") from None
 
     with tempfile.TemporaryDirectory(prefix="spmd_multihost_") as workdir:
@@ -179,8 +183,24 @@ def still_running(results: Sequence[ProcessResult]) -> list[int]:
     """The process ids among ``results`` of which any process (or child of it) is still alive.
 
     After :func:`launch` returns or raises this is always empty; the chapter and the tests
-    check it.
+    check it. Only results from :func:`launch` carry the operating system's process id; a
+    ``ProcessResult`` without one (``os_pid`` 0, the default) is refused, since probing
+    process group 0 would ask about the caller's own group.
     """
+    if isinstance(results, ProcessResult) or not isinstance(results, Sequence):
+        raise checks.InputTypeError(
+            f"results must be the list of ProcessResult that launch returned, got "
+            f"{results!r:.60}.")
+    for result in results:
+        if not isinstance(result, ProcessResult):
+            raise checks.InputTypeError(
+                f"results must hold ProcessResult objects, got {result!r:.60}.")
+        if isinstance(result.os_pid, bool) or not isinstance(result.os_pid, int) \
+                or result.os_pid <= 0:
+            raise checks.InputError(
+                f"process {result.process_id} has os_pid={result.os_pid!r}: only results "
+                "returned by launch carry the id of a process that ran; probing group 0 "
+                "would ask about this very process.")
     alive = []
     for result in results:
         try:
@@ -193,39 +213,35 @@ def still_running(results: Sequence[ProcessResult]) -> list[int]:
     return alive
 
 
-def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-
-
 def _resolve_target(target: object) -> _Target:
     """Check that ``target`` names an importable module-level function or an existing script."""
     if isinstance(target, os.PathLike) or (isinstance(target, str) and target.endswith(".py")):
         path = Path(target).resolve()
         if not path.is_file():
-            raise ValueError(f"script {str(target)!r} does not exist (resolved to {path}).")
+            raise checks.InputError(f"script {str(target)!r} does not exist (resolved to {path}).")
         return _Target(script=str(path))
     if callable(target) and not isinstance(target, str):
         module = getattr(target, "__module__", None)
         qualname = getattr(target, "__qualname__", "")
         if module in (None, "__main__") or "." in qualname or "<" in qualname:
-            raise ValueError(
+            raise checks.InputError(
                 f"{target!r} cannot be imported by the other processes: launch needs a function "
                 "defined at the top level of an importable module (not in a notebook or script "
                 "run as __main__, not a lambda, closure or method). Move it into a .py module "
                 "and pass it, or its name 'package.module:function'.")
         target = f"{module}:{qualname}"
     if not isinstance(target, str) or not _FUNCTION_NAME.match(target):
-        raise ValueError(f"target must be a function, 'package.module:function' or a path to a "
+        raise checks.InputError(f"target must be a function, 'package.module:function' or a path to a "
                          f".py script, got {target!r}.")
     module_name, name = target.split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"cannot import module {module_name!r} of target {target!r}: "
+        raise checks.InputError(f"cannot import module {module_name!r} of target {target!r}: "
                          f"{error}.") from None
     if not callable(getattr(module, name, None)):
-        raise ValueError(f"module {module_name!r} has no function {name!r} (target {target!r}).")
+        raise checks.InputError(
+            f"module {module_name!r} has no function {name!r} (target {target!r}).")
     return _Target(function=target)
 
 
@@ -303,7 +319,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _collect(procs, files, workdir: Path, finished: dict[int, float],
              start: float) -> list[ProcessResult]:
     results = []
-    for index, (proc, (out, err)) in enumerate(zip(procs, files)):
+    for index, (proc, (out, err)) in enumerate(zip(procs, files, strict=True)):
         value_path = workdir / f"{index}.json"
         try:
             value = json.loads(value_path.read_text())
@@ -410,7 +426,7 @@ def process_main(spec_path: str, process_id: int) -> None:
     )
     try:
         _run_target(spec, spec_path, process_id)
-    except BaseException as error:  # an exception, or sys.exit() in a script
+    except BaseException as error:  # noqa: BLE001 - an exception, or sys.exit() in a script
         code = _report(error)
         if code != 0:
             _exit_now(code)

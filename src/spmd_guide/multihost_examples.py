@@ -12,10 +12,10 @@ import os
 import re
 import textwrap
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -25,6 +25,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide import checks
 from spmd_guide.data import sharded_batches
 from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
 
@@ -32,6 +33,7 @@ from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, m
 def describe_process(*, rows_per_device: int = 2) -> dict[str, Any]:
     """Print and return what this process sees: its devices, all devices,
     and its shards of a global array built from per-process data."""
+    rows_per_device = checks.count("rows_per_device", rows_per_device)
     me, count = jax.process_index(), jax.process_count()
     local_ids = [d.id for d in jax.local_devices()]
     global_ids = [d.id for d in jax.devices()]
@@ -108,6 +110,8 @@ def hybrid_mesh_ids() -> list[list[int]]:
 def misbehave(*, raise_on: int | None = None,
               hang_on: int | None = None) -> int:
     """Fail on purpose: process ``raise_on`` raises, ``hang_on`` hangs."""
+    raise_on = _process_id("raise_on", raise_on)
+    hang_on = _process_id("hang_on", hang_on)
     me = jax.process_index()
     print(f"process {me} started", flush=True)
     if me == raise_on:
@@ -117,6 +121,11 @@ def misbehave(*, raise_on: int | None = None,
         while True:
             time.sleep(1)
     return me
+
+
+def _process_id(name: str, value: Any) -> int | None:
+    """``None``, or a process id (an integer >= 0; not the string ``'0'``)."""
+    return None if value is None else checks.count(name, value, minimum=0)
 
 
 def listening_addresses() -> list[str] | None:
@@ -154,6 +163,9 @@ def example_problem(*, layer_sizes: Sequence[int] = (8, 16, 8), num_examples: in
                     seed: int = 0) -> tuple[dict[str, np.ndarray], Params]:
     """The Part IV regression task as a dataset (``x``, ``y`` and each example's ``id``) and
     the MLP's initial parameters, both from ``seed``."""
+    layer_sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
+    num_examples = checks.count("num_examples", num_examples)
+    seed = checks.count("seed", seed, minimum=0)
     (x, y), params = _make_problem(seed, sizes=tuple(layer_sizes), num_examples=num_examples)
     dataset = {"x": np.asarray(x), "y": np.asarray(y),
                "id": np.arange(num_examples, dtype=np.int32)}
@@ -169,15 +181,22 @@ def _make_problem(seed: int, *, sizes: tuple[int, ...], num_examples: int):
 def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
     """Write :func:`example_problem` (``options`` are its arguments) to an ``.npz`` file; return
     its path. The launched processes read it, as the hosts of a cluster read the same files."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
     dataset, params = example_problem(**options)
     layers = {f"{kind}{i}": np.asarray(array) for i, layer in enumerate(params)
-              for kind, array in zip("wb", layer)}
+              for kind, array in zip("wb", layer, strict=True)}
     np.savez(path, **dataset, **layers)
     return os.fspath(path)
 
 
 def load_problem(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], Params]:
     """The dataset and parameters written by :func:`save_problem`, as NumPy arrays."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
+    if not Path(path).is_file():
+        raise checks.InputError(f"no problem file {os.fspath(path)!r}: write it with "
+                                "save_problem(path) first.")
     with np.load(path) as saved:
         dataset = {key: saved[key] for key in ("x", "y", "id")}
         params = [(saved[f"w{i}"], saved[f"b{i}"])
@@ -195,6 +214,7 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
     Returns the ids of the examples this process loaded and, per strategy,
     the loss and the gradients (whole, as nested lists).
     """
+    strategies = _strategy_names(strategies)
     dataset, initial_params = load_problem(problem)  # the same file for all
     me = jax.process_index()
     steps, ids_here = {}, None
@@ -202,12 +222,12 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
         strategy = STRATEGIES[name]
         mesh = strategy.mesh(jax.devices())
         batches = sharded_batches(dataset, batch_size,
-                                  strategy.batch_sharding(mesh), seed=seed)
+                                  _loader_sharding(strategy, mesh), seed=seed)
         batch = next(batches)
         if ids_here is None:
-            ids_here = sorted(int(i)
-                              for shard in batch["id"].addressable_shards
-                              for i in np.asarray(shard.data))
+            ids_here = sorted({int(i)  # a set: replicas hold rows twice
+                               for shard in batch["id"].addressable_shards
+                               for i in np.asarray(shard.data)})
             print(f"process {me}: loaded examples")
             print(textwrap.fill(str(ids_here), 76, initial_indent="  ",
                                 subsequent_indent="   "))
@@ -228,6 +248,26 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
     return {"ids": ids_here, "steps": steps}
 
 
+def _strategy_names(strategies: Any) -> tuple[str, ...]:
+    """Strategy names, checked: a list such as ``("dp", "fsdp")`` of known names."""
+    if isinstance(strategies, str):
+        raise checks.InputTypeError(
+            f"strategies must be a list of names such as ({strategies!r},), got the string "
+            f"{strategies!r} (its letters would be read as names).")
+    if not isinstance(strategies, Sequence) or not strategies:
+        raise checks.InputError(
+            f"strategies must name at least one strategy, e.g. ('dp',), got {strategies!r}.")
+    return tuple(checks.one_of("strategy", name, STRATEGIES) for name in strategies)
+
+
+def _loader_sharding(strategy: Any, mesh: Any) -> dict[str, NamedSharding]:
+    """The strategy's batch layout for ``x`` and ``y``; the 1-D ``id`` leaf is split over the
+    same mesh axes along its only dimension."""
+    batch = strategy.batch_sharding(mesh)
+    rows = NamedSharding(mesh, P(*batch.spec[:1]))
+    return {"x": batch, "y": batch, "id": rows}
+
+
 def single_process_step(*, problem: str, batch_size: int = 32, seed: int = 0) -> dict[str, Any]:
     """The reference for :func:`data_parallel_step`: the same batch, ``mlp_loss`` on one device."""
     dataset, params = load_problem(problem)
@@ -244,6 +284,16 @@ def compare_to_reference(results: list[Any], reference: dict[str, Any]) -> list[
     ``results`` are the :class:`~spmd_guide.multihost.ProcessResult` of a
     :func:`data_parallel_step` launch; ``reference`` is :func:`single_process_step`'s value.
     """
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(
+            isinstance(getattr(r, "value", None), dict) and "steps" in r.value
+            for r in results):
+        raise checks.InputTypeError(
+            "results must be the list launch(data_parallel_step, ...) returned, whose values "
+            f"hold 'steps'; got {results!r:.60}.")
+    if not isinstance(reference, dict) or not {"loss", "grads"} <= set(reference):
+        raise checks.InputTypeError(
+            "reference must be single_process_step(...)'s value, a dict with 'loss' and "
+            f"'grads'; got {reference!r:.60}.")
     rows = []
     for result in results:
         for name, step in result.value["steps"].items():
@@ -287,6 +337,11 @@ def slurm_detection_example(env: dict[str, str] = SLURM_EXAMPLE_ENV) -> dict[str
 
     from jax._src.clusters import ClusterEnv, SlurmCluster
 
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise checks.InputTypeError(
+            f"env must be a dict of environment variables (str to str), got {env!r:.60}.")
+
     with mock.patch.dict(os.environ, env):
         for other in ("OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_PORT"):
             os.environ.pop(other, None)
@@ -313,6 +368,8 @@ def hybrid_mesh_example(*, hosts: int = 4, devices_per_host: int = 8) -> dict[st
     ``fsdp`` spans the devices of one host (fast links), ``data`` spans the hosts (network).
     Returns the mesh shape and, per row, which hosts its devices are on.
     """
+    hosts = checks.count("hosts", hosts)
+    devices_per_host = checks.count("devices_per_host", devices_per_host)
     devices = [StandInDevice(devices_per_host * host + i, host)
                for host in range(hosts) for i in range(devices_per_host)]
     mesh = mesh_utils.create_hybrid_device_mesh(

@@ -26,9 +26,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide import checks
+
 
 def add_uniform_noise(key: jax.Array, x: jax.Array) -> jax.Array:
     """``x`` plus uniform noise in [0, 1): the chapter's example."""
+    key, x = checks.key("key", key), checks.array("x", x, dtype_kind="f")
     return x + jax.random.uniform(key, x.shape, dtype=x.dtype)
 
 
@@ -70,6 +73,7 @@ def compare_modes(fn: Callable[..., Any], *args: Any
     """
     from spmd_guide import hlo
 
+    checks.function("fn", fn)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     results = {}
     for partitionable in (False, True):
@@ -87,9 +91,8 @@ def prefix_matches(key: jax.Array, *, size: int, prefix: int) -> bool:
     True when each number depends only on the key and its own index (the
     counter is the index); False when it also depends on the array's size.
     """
-    if not 0 < prefix <= size:
-        raise ValueError(
-            f"need 0 < prefix <= size, got prefix={prefix}, size={size}.")
+    key, size = checks.key("key", key), checks.count("size", size)
+    checks.count("prefix", prefix, maximum=size)
     whole = jax.random.uniform(key, (size,))
     part = jax.random.uniform(key, (prefix,))
     return bool(jnp.array_equal(whole[:prefix], part))
@@ -104,10 +107,27 @@ def sampler(shape: tuple[int, ...], sharding: Sharding, *,
     Each device computes only its own block. In partitionable mode the
     values do not depend on ``sharding``: a key gives the same array on
     one device or eight. Pass the function to ``spmd_guide.hlo`` to read
-    its compiled program.
+    its compiled program. A shape that ``sharding`` cannot split evenly is
+    refused here, not when the function is first called.
     """
+    shape = _layout_fits(shape, sharding, distribution)
     return jax.jit(lambda key: distribution(key, shape),
                    out_shardings=sharding)
+
+
+def _layout_fits(shape: Any, sharding: Any, distribution: Any) -> tuple[int, ...]:
+    """``shape`` as a tuple, checked to split evenly under ``sharding``."""
+    shape = checks.counts("shape", shape, minimum=0, min_length=0)
+    checks.sharding("sharding", sharding)
+    checks.function("distribution", distribution)
+    if isinstance(sharding, NamedSharding):
+        checks.spec_fits("the sampled array", shape, sharding.spec, sharding.mesh)
+    else:
+        try:
+            sharding.shard_shape(shape)
+        except ValueError as error:
+            raise checks.InputError(f"shape {shape} does not fit {sharding}: {error}") from None
+    return shape
 
 
 def device_key(key: jax.Array,
@@ -121,18 +141,25 @@ def device_key(key: jax.Array,
     """
     if isinstance(axis_names, str):
         names: tuple[str, ...] = (axis_names,)
-    else:
+    elif isinstance(axis_names, Sequence):
         names = tuple(axis_names)
-    if not names:
-        raise ValueError("device_key needs at least one mesh axis name.")
+    else:
+        names = ()
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise checks.InputError(
+            f"device_key needs mesh axis names ('x' or ('x', 'y')), "
+            f"got {axis_names!r}.")
     return jax.random.fold_in(key, jax.lax.axis_index(names))
 
 
 def dropout(key: jax.Array, x: jax.Array, *, rate: float) -> jax.Array:
     """Inverted dropout: zero each entry with probability ``rate``, and
-    scale the others by ``1 / (1 - rate)`` to keep the expected value."""
-    if not 0.0 <= rate < 1.0:
-        raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}.")
+    scale the others by ``1 / (1 - rate)`` to keep the expected value.
+
+    A concrete ``rate`` is checked to lie in [0, 1); a traced one (under
+    ``jit``) is not."""
+    key, x = checks.key("key", key), checks.array("x", x, dtype_kind="f")
+    rate = checks.real("rate", rate, minimum=0.0, maximum=1.0, inclusive_max=False)
     keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
@@ -147,12 +174,13 @@ def sharded_dropout(key: jax.Array, x: jax.Array, mesh: Mesh, *,
     (the common mistake: every device gets the same mask). The result is
     laid out ``P(axis_name)``.
     """
-    if axis_name not in mesh.shape:
-        raise ValueError(f"axis_name {axis_name!r} is not an axis of the "
-                         f"mesh (axes: {tuple(mesh.shape)}).")
-    size = mesh.shape[axis_name]
+    size = checks.axis(checks.mesh("mesh", mesh), axis_name)
+    key = checks.key("key", key)
+    x = checks.array("x", x, dtype_kind="f")
+    rate = checks.real("rate", rate, minimum=0.0, maximum=1.0, inclusive_max=False)
+    per_device_keys = checks.flag("per_device_keys", per_device_keys)
     if x.ndim < 1 or x.shape[0] % size:
-        raise ValueError(
+        raise checks.InputError(
             f"x of shape {x.shape} cannot be split by rows over mesh "
             f"axis {axis_name!r} of size {size}: the first dimension must "
             f"be a multiple of {size}.")
@@ -183,13 +211,14 @@ def block_correlation(values: Any, *, blocks: int) -> float:
     One block per device: 1.0 means every device produced the same numbers,
     near 0 means independent streams.
     """
-    array = np.asarray(values, dtype=np.float64)
-    if blocks < 2 or array.ndim < 1 or array.shape[0] % blocks:
-        raise ValueError(
+    blocks = checks.count("blocks", blocks, minimum=2)
+    array = np.asarray(checks.array("values", values), dtype=np.float64)
+    if array.ndim < 1 or array.shape[0] % blocks:
+        raise checks.InputError(
             f"need at least 2 blocks that split the first dimension evenly, "
             f"got blocks={blocks} for shape {array.shape}.")
     rows = array.reshape(blocks, -1)
     if np.any(rows.std(axis=1) == 0):
-        raise ValueError("a block is constant: its correlation is undefined.")
+        raise checks.InputError("a block is constant: its correlation is undefined.")
     matrix = np.corrcoef(rows)
     return float(matrix[~np.eye(blocks, dtype=bool)].mean())

@@ -14,6 +14,7 @@ and the ring diagram live in :mod:`spmd_guide.drawing`.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -23,6 +24,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tabulate import tabulate
 
+from spmd_guide import checks
 from spmd_guide.display import FONT_CSS as _FONT
 from spmd_guide.display import MONO_CSS as _MONO
 from spmd_guide.display import PALETTE, Html, side_by_side
@@ -69,13 +71,13 @@ class Block:
 def _check_array(array: object, *, caller: str) -> jax.Array:
     """The array itself if it is a concrete 1-D or 2-D ``jax.Array``; else a clear error."""
     if isinstance(array, jax.core.Tracer):
-        raise TypeError(
+        raise checks.InputTypeError(
             f"{caller} needs a concrete jax.Array, but got a traced value (inside jax.jit or "
             "another transformation, where no data is placed yet). Call it on the function's "
             "result instead, or use jax.debug.inspect_array_sharding inside the function."
         )
     if not isinstance(array, jax.Array):
-        raise TypeError(
+        raise checks.InputTypeError(
             f"{caller} needs a jax.Array, got {type(array).__module__}.{type(array).__name__}. "
             "Put the values on devices first, e.g. jax.device_put(x, sharding)."
         )
@@ -86,12 +88,13 @@ def _check_array(array: object, *, caller: str) -> jax.Array:
             else "reshape it to 2-D (e.g. x.reshape(-1, x.shape[-1])) or index a 2-D slice "
             "(e.g. x[0])"
         )
-        raise ValueError(
+        raise checks.InputError(
             f"{caller} shows 1-D and 2-D arrays; this one is {array.ndim}-D with shape "
             f"{array.shape}. To look at it, {fix}."
         )
     if array.size == 0:
-        raise ValueError(f"{caller}: the array of shape {array.shape} has no elements to show.")
+        raise checks.InputError(
+            f"{caller}: the array of shape {array.shape} has no elements to show.")
     return array
 
 
@@ -103,8 +106,9 @@ def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
     from the array's addressable shards.
     """
     array = _check_array(array, caller="shard_blocks")
+    data = checks.flag("data", data)
     if data and array.size > MAX_DATA_ELEMENTS:
-        raise ValueError(
+        raise checks.InputError(
             f"This array has {array.size} elements, too many to show its "
             f"values (the limit is {MAX_DATA_ELEMENTS}). Call it with "
             "data=False, or look at a smaller array."
@@ -133,12 +137,16 @@ def shard_blocks(array: jax.Array, *, data: bool = False) -> list[Block]:
 
 
 def devices_holding(array: jax.Array, index: Sequence[int]) -> tuple[int, ...]:
-    """Ids of the devices that hold the element ``array[index]`` (several if replicated)."""
+    """Ids of the devices that hold the element ``array[index]`` (several if replicated).
+
+    ``index`` has one non-negative integer per dimension (NumPy integers too; not floats,
+    which would silently pick another element)."""
     blocks = shard_blocks(array)
+    index = checks.counts("index", index, minimum=-(2**62), min_length=0)
     if len(index) != array.ndim or not all(
         0 <= i < size for i, size in zip(index, array.shape, strict=True)
     ):
-        raise ValueError(f"Index {tuple(index)} is not an element of an array of shape "
+        raise checks.InputError(f"Index {tuple(index)} is not an element of an array of shape "
                          f"{array.shape}; give one non-negative index per dimension.")
     return next(
         block.devices for block in blocks
@@ -171,6 +179,8 @@ def _array_text(values: np.ndarray | None) -> str:
 
 def describe(array: jax.Array) -> str:
     """One line: dtype and shape, and the partition spec and mesh where there is one."""
+    if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
+        _check_array(array, caller="describe")
     parts = [f"{array.dtype}{list(array.shape)}"]
     sharding = array.sharding
     if isinstance(sharding, NamedSharding):
@@ -189,6 +199,8 @@ def layout_grid(array: jax.Array, *, data: bool = False, title: str | None = Non
     A 1-D array is one row of cells. Display it as a cell's last expression; ``str()`` gives the
     text table instead.
     """
+    if title is not None and not isinstance(title, str):
+        raise checks.InputTypeError(f"title must be a string, got {title!r}.")
     blocks = shard_blocks(array, data=data)
     shape = array.shape if array.ndim == 2 else (1, array.shape[0])
     bounds = [b.bounds if array.ndim == 2 else ((0, 1),) + b.bounds for b in blocks]
@@ -338,6 +350,9 @@ def gallery_entry(values: object, mesh: jax.sharding.Mesh,
     or the mesh) is caught and recorded; anything else is a bug and
     propagates.
     """
+    checks.mesh("mesh", mesh)
+    _check_spec(spec)
+    values = checks.array("values", values)
     mesh_shape = tuple(mesh.devices.shape)
     try:
         array = jax.device_put(values, NamedSharding(mesh, spec))
@@ -347,6 +362,13 @@ def gallery_entry(values: object, mesh: jax.sharding.Mesh,
     grid = layout_grid(array, data=data, title=str(spec))
     blocks = tuple(shard_blocks(array))
     return GalleryEntry(mesh_shape, spec, grid, None, blocks)
+
+
+def _check_spec(spec: object) -> PartitionSpec:
+    if not isinstance(spec, PartitionSpec):
+        raise checks.InputTypeError(
+            f"spec must be a PartitionSpec such as P('data', None), got {spec!r}.")
+    return spec
 
 
 @dataclass(frozen=True)
@@ -401,8 +423,31 @@ def gallery(values: object, mesh_shapes: Sequence[Sequence[int]], specs: Sequenc
             *, axis_names: Sequence[str] = ("data", "model"),
             devices: Sequence[jax.Device] | None = None, data: bool = True) -> Gallery:
     """Place ``values`` with every spec on a mesh of every shape (``jax.make_mesh``)."""
-    shapes = tuple(tuple(shape) for shape in mesh_shapes)
+    if isinstance(mesh_shapes, (str, bytes)) or not isinstance(mesh_shapes, Sequence) \
+            or not mesh_shapes:
+        raise checks.InputTypeError(
+            f"mesh_shapes must be a non-empty list of mesh shapes such as [(2, 4)], got "
+            f"{mesh_shapes!r}.")
+    shapes = tuple(checks.counts(f"mesh_shapes[{i}]", shape)
+                   for i, shape in enumerate(mesh_shapes))
+    if isinstance(axis_names, str) or not all(isinstance(n, str) for n in axis_names):
+        raise checks.InputTypeError(
+            f"axis_names must be a sequence of names such as ('data', 'model'), got "
+            f"{axis_names!r}.")
     names = tuple(axis_names)
+    for shape in shapes:
+        if len(shape) != len(names):
+            raise checks.InputError(
+                f"mesh shape {shape} has {len(shape)} axes but axis_names {names} names "
+                f"{len(names)}: give one name per axis.")
+    available = len(devices) if devices is not None else len(jax.devices())
+    for shape in shapes:
+        if math.prod(shape) > available:
+            raise checks.InputError(
+                f"mesh shape {shape} needs {math.prod(shape)} devices, but "
+                f"{available} are available: use a smaller mesh shape.")
+    specs = tuple(_check_spec(spec) for spec in specs)
+    values = checks.array("values", values)
     entries = []
     for shape in shapes:
         mesh = jax.make_mesh(shape, names, devices=devices)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+
+from spmd_guide import checks
 
 
 @dataclass(frozen=True)
@@ -76,12 +78,15 @@ def time_fn(
     Every call waits for its result with ``jax.block_until_ready``. The devices reported are
     those holding the first array in the result.
     """
-    if runs < 1:
-        raise ValueError(f"runs must be at least 1, got {runs}.")
-    if warmup < 1:
-        raise ValueError(
+    checks.function("fn", fn)
+    runs = checks.count("runs", runs)
+    if isinstance(warmup, int) and not isinstance(warmup, bool) and warmup < 1:
+        raise checks.InputError(
             f"warmup must be at least 1 (the first call compiles and must not be timed), got {warmup}."
         )
+    warmup = checks.count("warmup", warmup)
+    if label is not None and not isinstance(label, str):
+        raise checks.InputTypeError(f"label must be a string, got {label!r}.")
     start = time.perf_counter()
     result = jax.block_until_ready(fn(*args))
     first_call = time.perf_counter() - start
@@ -106,19 +111,26 @@ def timing_table(timings: list[Timing]) -> str:
     """An HTML table (for a notebook page) of several timings, with the hardware on each row."""
     from tabulate import tabulate
 
+    if isinstance(timings, Timing) or not all(isinstance(t, Timing) for t in timings) \
+            or not timings:
+        raise checks.InputTypeError(
+            f"timings must be a non-empty list of Timing (from time_fn), got {timings!r:.60}.")
     rows = [t.row() for t in timings]
     return tabulate(rows, headers="keys", tablefmt="html")
 
 
 def speedup(single: Timing, sharded: Timing) -> float:
     """How many times faster the sharded run was (median over median); below 1 is slower."""
+    for name, value in (("single", single), ("sharded", sharded)):
+        if not isinstance(value, Timing):
+            raise checks.InputTypeError(
+                f"{name} must be a Timing from time_fn, got {value!r:.60}.")
     return single.median / sharded.median
 
 
 def reading(ratio: float) -> str:
     """Words for a measured speedup ratio that claim no more than the ratio shows."""
-    if ratio <= 0:
-        raise ValueError(f"a speedup ratio must be positive, got {ratio}.")
+    ratio = checks.real("ratio", ratio, positive=True)
     if ratio >= 1.2:
         return f"ran {ratio:.1f} times faster sharded"
     if ratio > 1 / 1.2:
@@ -132,6 +144,14 @@ def beyond_cores(ratios: Sequence[float], *, cores: int | None) -> str:
     ``cores`` is the host's core count when the devices are CPU mock devices (they share
     those cores), ``None`` on real accelerators; the answer is ``""`` when nothing to say.
     """
+    if isinstance(ratios, (str, bytes)) or not isinstance(ratios, Iterable):
+        raise checks.InputTypeError(
+            f"ratios must be a list of speedup ratios, got {ratios!r:.60}.")
+    ratios = [checks.real(f"ratios[{i}]", r, positive=True) for i, r in enumerate(ratios)]
+    if not ratios:
+        raise checks.InputError("ratios is empty: give at least one speedup ratio.")
+    if cores is not None:
+        cores = checks.count("cores", cores)
     if cores is None or max(ratios) <= cores:
         return ""
     return (f"A ratio above {cores}, the number of cores the mock devices share, cannot "

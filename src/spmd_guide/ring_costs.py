@@ -1,0 +1,236 @@
+"""What a compiled collective matmul costs, and the ring it runs on (Part III).
+
+:mod:`spmd_guide.collective_matmul` writes the six matmuls; this module compiles them once
+and reads the program: the bytes one device sends against the ring's lower bound, those
+bytes split by the direction they travel round the ring, and the schedule of which block
+each device holds at each step, which :func:`draw_ring` draws.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding
+
+from spmd_guide import checks
+from spmd_guide.collective_matmul import FAMILY_SPECS, as_operand, check_shapes, variant
+from spmd_guide.collectives import axis_size
+
+
+@dataclass(frozen=True)
+class CompiledMatmul:
+    """One variant compiled for one mesh, shape and dtype, with its inputs
+    already laid out. Calling it runs the compiled program on them: nothing
+    is placed or compiled on the way, and the collectives read from
+    ``program`` are exactly those that run."""
+
+    name: str
+    program: Any  # jax.stages.Compiled
+    lhs: jax.Array
+    rhs: jax.Array
+
+    def __call__(self) -> jax.Array:
+        return self.program(self.lhs, self.rhs)
+
+
+def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
+                    axis_name: str) -> CompiledMatmul:
+    """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
+    matmul = variant(name)
+    ring = axis_size(mesh, axis_name)
+    bidi = 2 if name.endswith("bidi") else 1
+    check_shapes(lhs, rhs, rows_by=ring * (bidi if name.startswith("reduce") else 1),
+                 contraction_by=ring * (bidi if name.startswith("allgather") else 1))
+    lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
+    lhs = jax.device_put(as_operand(lhs), NamedSharding(mesh, lhs_spec))
+    rhs = jax.device_put(as_operand(rhs), NamedSharding(mesh, rhs_spec))
+    jitted = jax.jit(functools.partial(matmul, mesh=mesh, axis_name=axis_name))
+    return CompiledMatmul(name, jitted.lower(lhs, rhs).compile(), lhs, rhs)
+
+
+def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
+                     ring: int) -> int:
+    """Bytes one device must send, under the ring model, for variant
+    ``name`` on ``(m, k) @ (k, n)`` with elements of ``itemsize`` bytes.
+
+    All-gather family: each device must receive the ``ring - 1`` rhs blocks
+    it lacks, and in a ring it forwards as many as it receives:
+    ``(ring - 1) / ring`` of rhs, ``k * n`` elements. Reduce-scatter family:
+    the same fraction of the output, ``m * n`` elements.
+    """
+    variant(name)
+    m, k, n = (checks.count(what, v) for what, v in (("m", m), ("k", k), ("n", n)))
+    itemsize = checks.count("itemsize", itemsize)
+    ring = checks.count("ring", ring)
+    elements = k * n if name.startswith("allgather") else m * n
+    return (ring - 1) * elements * itemsize // ring
+
+
+def collective_rows(ops: Sequence[Any]) -> list[dict[str, Any]]:
+    """Collectives of a program (``spmd_guide.hlo.collectives``) grouped by
+    kind and buffer: how many, bytes one device sends for each, in all."""
+    from spmd_guide.hlo import format_bytes
+
+    _check_ops(ops)
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for op in ops:
+        row = rows.setdefault((op.kind, op.shape_text), {
+            "collective": op.kind, "buffer": op.shape_text,
+            "group": op.group_size, "count": 0,
+            "sent per op": format_bytes(op.bytes_sent), "bytes sent": 0,
+        })
+        row["count"] += 1
+        row["bytes sent"] += op.bytes_sent
+    return list(rows.values())
+
+
+def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
+    """Bytes one device sends to its next neighbour (``forward``) and to
+    its previous one (``backward``) in the collective-permutes of ``ops``;
+    other collectives count as ``other``. (On a ring of 2 both neighbours
+    are the same device; everything then counts as ``forward``.)
+
+    A send is a step round the ring when its device ids differ by one (or
+    wrap from the last device to the first). Sends that go round a ring of
+    another size than ``ring`` raise ``InputError``: ``ring`` is wrong.
+    """
+    _check_ops(ops)
+    ring = checks.count("ring", ring)
+    totals = {"forward": 0, "backward": 0, "other": 0}
+    for op in ops:
+        steps = ({target - source for source, target in op.groups}
+                 if op.kind == "collective-permute" else set())
+        if steps and steps <= {1, 1 - ring}:
+            totals["forward"] += op.bytes_sent
+        elif steps and steps <= {-1, ring - 1}:
+            totals["backward"] += op.bytes_sent
+        else:
+            other_ring = _ring_of(steps)
+            if other_ring and other_ring != ring:
+                raise checks.InputError(
+                    f"a collective-permute sends round a ring of {other_ring} devices "
+                    f"(steps {sorted(steps)}), but ring={ring}: pass ring={other_ring}, the "
+                    "size of the mesh axis the program's ring runs over.")
+            totals["other"] += op.bytes_sent
+    return totals
+
+
+def _ring_of(steps: set[int]) -> int | None:
+    """The size of the ring whose one-step sends differ by ``steps``, or None."""
+    for sign in (1, -1):
+        wrap = [s for s in steps if s != sign]
+        if len(wrap) == 1 and sign * wrap[0] < 0 and sign in steps:
+            return 1 + abs(wrap[0])
+    return None
+
+
+def _check_ops(ops: Any) -> None:
+    from spmd_guide.hlo import Collective
+
+    if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence) or not all(
+            isinstance(op, Collective) for op in ops):
+        raise checks.InputTypeError(
+            f"ops must be a list of collectives from spmd_guide.hlo.collectives(fn, *args), "
+            f"got {ops!r:.60}.")
+
+
+# ---------------------------------------------------------------------------
+# Ring diagrams: which block each device holds, step by step.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """One step of a ring schedule.
+
+    ``blocks[d]`` lists the blocks device d multiplies (all-gather family:
+    rhs blocks) or adds its share to (reduce-scatter family: output row
+    blocks) at this step; the bidirectional rings have two entries, for the
+    two halves. ``sends`` are the (source, destination) pairs of the
+    transfers that follow the step, ``label`` names them.
+    """
+
+    title: str
+    blocks: tuple[tuple[int, ...], ...]
+    sends: tuple[tuple[int, int], ...] = ()
+    label: str = ""
+
+
+def _ring_sends(ring: int, direction: int) -> tuple[tuple[int, int], ...]:
+    return tuple((d, (d + direction) % ring) for d in range(ring))
+
+
+def ring_schedule(name: str, ring: int) -> list[RingStep]:
+    """The steps of variant ``name`` on ``ring`` devices, with the block
+    indices of its per-device code (the one-collective variants: before and
+    after their collective)."""
+    variant(name)
+    ring = checks.count("ring", ring)
+    devices = range(ring)
+    every_block = tuple(range(ring))
+    if name == "allgather":
+        return [RingStep("start", tuple((d,) for d in devices),
+                         label="all-gather"),
+                RingStep("after all_gather",
+                         tuple(every_block for _ in devices))]
+    if name == "reduce_scatter":
+        return [RingStep("after local matmul",
+                         tuple(every_block for _ in devices),
+                         label="reduce-scatter"),
+                RingStep("after psum_scatter", tuple((d,) for d in devices))]
+    forward, backward = _ring_sends(ring, +1), _ring_sends(ring, -1)
+    steps = []
+    for s in range(ring):
+        if name == "allgather_overlapped":
+            blocks = tuple(((d - s) % ring,) for d in devices)
+            sends = forward
+        elif name == "allgather_bidi":
+            blocks = tuple(((d - s) % ring, (d + s) % ring) for d in devices)
+            sends = forward + backward
+        elif name == "reduce_scatter_overlapped":
+            blocks = tuple(((d + s + 1) % ring,) for d in devices)
+            sends = backward
+        else:  # reduce_scatter_bidi: top halves backward, bottom forward
+            blocks = tuple(((d + s + 1) % ring, (d - s - 1) % ring)
+                           for d in devices)
+            sends = backward + forward
+        last = s == ring - 1
+        steps.append(RingStep(f"step {s}", blocks, () if last else sends,
+                              "" if last else "ppermute"))
+    return steps
+
+
+def draw_ring(name: str, ring: int, **options: Any) -> Any:
+    """Draw ``ring_schedule(name, ring)`` with
+    :func:`spmd_guide.drawing.draw_panels`; return the Figure.
+
+    One panel per step, one row per device; a cell is a block number,
+    coloured as the device the block starts on (all-gather family) or ends
+    on (reduce-scatter family). Arrows are the sends between steps.
+    """
+    from spmd_guide.drawing import Panel, draw_panels
+
+    steps = ring_schedule(name, ring)
+    gather = name.startswith("allgather")
+    if name == "reduce_scatter":
+        what = "partial sums of all row blocks, then one summed block each"
+    elif gather:
+        what = "the rhs block each device multiplies"
+    else:
+        what = "the output row block each device adds to"
+    if name.endswith("bidi"):
+        what += (" (forward half, backward half)" if gather
+                 else " (top half, bottom half)")
+    panels = [Panel(step.title, [list(b) for b in step.blocks],
+                    [list(b) for b in step.blocks]) for step in steps]
+    options.setdefault("title", f"{name}, {ring} devices: {what}")
+    options.setdefault("fmt", "R{:g}" if gather else "O{:g}")
+    options.setdefault("alt", f"{name} on a ring of {ring} devices, step by step: {what}; "
+                       "arrows are the blocks each device sends to the next.")
+    return draw_panels(
+        panels, arrows=[list(step.sends) or None for step in steps[:-1]],
+        gap_labels=[step.label for step in steps[:-1]], **options)

@@ -1,0 +1,62 @@
+"""multihost_examples: the Part VI programs called in this one process (process 0 of 1), where
+they must agree with the one-device reference and refuse bad input before doing anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from spmd_guide import multihost_examples as examples
+from spmd_guide.checks import InputError, InputTypeError
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    return examples.save_problem(tmp_path_factory.mktemp("problem") / "problem.npz")
+
+
+def test_a_strategy_with_a_2d_batch_layout_steps_like_one_device(problem):
+    strategies = ["tp"]  # its batch layout is 2-D; the ids are 1-D
+    reference = examples.single_process_step(problem=problem)
+    value = examples.data_parallel_step(problem=problem, strategies=strategies)
+    assert sorted(value["steps"]) == sorted(strategies)
+    assert value["ids"] == reference["ids"]
+    for step in value["steps"].values():
+        assert step["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+
+
+BAD_INPUT = [
+    ("strategies a string", lambda p: examples.data_parallel_step(problem=p, strategies="dp"),
+     InputTypeError, r"\('dp',\)"),
+    ("strategies empty", lambda p: examples.data_parallel_step(problem=p, strategies=()),
+     InputError, "at least one"),
+    ("unknown strategy", lambda p: examples.data_parallel_step(problem=p, strategies=["dq"]),
+     InputError, "choose one of"),
+    ("batch size 0", lambda p: examples.data_parallel_step(problem=p, batch_size=0),
+     InputError, "batch_size"),
+    ("no problem file", lambda p: examples.data_parallel_step(problem=p + ".missing"),
+     InputError, "save_problem"),
+    ("problem not a path", lambda p: examples.load_problem(3), InputTypeError, "file name"),
+    ("rows_per_device 0", lambda p: examples.describe_process(rows_per_device=0), InputError,
+     "rows_per_device"),
+    ("rows_per_device -1", lambda p: examples.describe_process(rows_per_device=-1),
+     InputError, "rows_per_device"),
+    ("raise_on '0'", lambda p: examples.misbehave(raise_on="0"), InputTypeError, "raise_on"),
+    ("hang_on -1", lambda p: examples.misbehave(hang_on=-1), InputError, "hang_on"),
+    ("layer sizes of one", lambda p: examples.example_problem(layer_sizes=(8,)), InputError,
+     "layer_sizes"),
+    ("examples 0", lambda p: examples.example_problem(num_examples=0), InputError,
+     "num_examples"),
+    ("save to None", lambda p: examples.save_problem(None), InputTypeError, "file name"),
+    ("hosts 0", lambda p: examples.hybrid_mesh_example(hosts=0), InputError, "hosts"),
+    ("slurm env not a dict", lambda p: examples.slurm_detection_example(env=5),
+     InputTypeError, "env"),
+    ("compare a string", lambda p: examples.compare_to_reference("r", {}), InputTypeError,
+     "launch"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(problem, call, error, word):
+    with pytest.raises(error, match=word):
+        call(str(problem))
