@@ -257,14 +257,19 @@ def dp_critical_batch(chip: str | Chip, *, n: int | None = None, bytes_per_eleme
     return size * share * spec.peak_flops_bf16 / (2 * rate)
 
 
-def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None,
+def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None, gathers: int = 1,
                         bytes_per_element: float = 2) -> float:
-    """Examples per chip at which FSDP's weight traffic (all-gather forward, all-gather
-    backward, reduce-scatter of gradients: 3 (n-1)/n bytes per parameter) takes no longer
-    than the step's 6 FLOPs per parameter per example."""
+    """Examples per chip at which FSDP's weight traffic takes no longer than the step's
+    6 FLOPs per parameter per example.
+
+    Each step all-gathers every weight ``gathers`` times (1 when the gathered weights are kept
+    for the backward pass, 2 when they are gathered again there) and reduce-scatters every
+    gradient once: (gathers + 1) (n-1)/n bytes per parameter.
+    """
     spec, size = get_chip(chip), _bytes(bytes_per_element)
+    gathers = checks.count("gathers", gathers, maximum=2)
     share = 1.0 if n is None else (checks.count("n", n, minimum=2) - 1) / n
-    return size * share * spec.peak_flops_bf16 / (2 * spec.interconnect_bandwidth)
+    return (gathers + 1) * size * share * spec.peak_flops_bf16 / (6 * spec.interconnect_bandwidth)
 
 
 def tp_min_width(chip: str | Chip, n: int, *, bytes_per_element: float = 2) -> float:

@@ -87,6 +87,19 @@ def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[s
     return rows
 
 
+def chip_for(device: jax.Device) -> str | None:
+    """The key of :data:`~spmd_guide.roofline.CHIPS` for ``device`` (by its device kind),
+    or ``None`` when the chips file does not list it (a CPU, say)."""
+    kind = str(getattr(device, "device_kind", "")).lower().replace(" ", "")
+    names = {"h100": "h100-sxm", "h200": "h200", "b200": "b200", "tpuv4": "tpu-v4",
+             "tpuv5lite": "tpu-v5e", "tpuv5e": "tpu-v5e", "tpuv5p": "tpu-v5p",
+             "tpuv5": "tpu-v5p", "tpuv6lite": "tpu-v6e", "tpuv6e": "tpu-v6e"}
+    for name in sorted(names, key=len, reverse=True):
+        if name in kind:
+            return names[name]
+    return None
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -236,7 +249,7 @@ def problems() -> list[Problem]:
         f"= {gather * 1e6:.0f} us (measured NCCL bandwidth is lower).", gather))
     rows = 3 * 2 * v5e.comm_ridge / 2
     out.append(Problem(
-        "overlap", "The all-gather collective matmul of Part III on a ring of 4 TPU v5e chips "
+        "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU v5e chips "
         "(bf16): for how many rows m does overlapping pay the most, and how much?",
         f"Compute 2*m*k*n/4 over FLOP/s equals (3/4)*k*n*2 bytes over link bandwidth at "
         f"m = 3*2*{v5e.comm_ridge:.0f}/2 = {rows:.0f}; there the overlapped version takes "
