@@ -133,7 +133,7 @@ def test_dp_gradient_bytes_follow_the_ring_model(k):
     data = (jnp.ones((batch, 8)), jnp.ones((batch, 8)))
     params, data = strategy.shard(params, data, mesh)
     work = rf.counts(jax.value_and_grad(strategy.loss(mesh)), params, data)
-    param_bytes = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:]))
+    param_bytes = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     # all-reduce of every gradient (2 (k-1)/k of its bytes) plus the scalar loss.
     assert work.comm_bytes == pytest.approx(2 * (k - 1) / k * (param_bytes + 4), abs=8)
 
@@ -194,7 +194,7 @@ def test_mlp_predictions_rank_every_strategy_on_every_chip():
     sizes, batch = (64, 128, 128, 64), 256
     work = {n: rp.strategy_counts(n, layer_sizes=sizes, batch=batch) for n in ("dp", "tp")}
     # dp all-reduces every f32 gradient once over 8 devices.
-    grads = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:]))
+    grads = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     assert work["dp"].comm_bytes == pytest.approx(2 * 7 / 8 * grads, abs=16)
     assert work["dp"].flops == pytest.approx(
         rf.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)

@@ -9,6 +9,7 @@ loss) for a model too big for CPU memory: a tiny model is sharded with the strat
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,10 +39,18 @@ def strategy_counts(name: str, *, layer_sizes: Sequence[int] = MLP_SIZES,
                     devices: Sequence[jax.Device] | None = None) -> rf.Counts:
     """Per-device counts of one training step (loss and gradient) of strategy ``name`` on an
     MLP of ``layer_sizes`` and a batch of ``batch`` examples (float32), compiled, not run."""
-    strategy = nn.STRATEGIES[checks.one_of("strategy", name, nn.STRATEGIES)]
+    checks.one_of("strategy", name, nn.STRATEGIES)
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batch = checks.count("batch", batch)
-    mesh = strategy.mesh(list(jax.devices() if devices is None else devices))
+    return _strategy_counts(name, sizes, batch,
+                            tuple(jax.devices() if devices is None else devices))
+
+
+@functools.cache
+def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
+                     devices: tuple[jax.Device, ...]) -> rf.Counts:
+    strategy = nn.STRATEGIES[name]
+    mesh = strategy.mesh(list(devices))
     n = math.prod(mesh.devices.shape)
     small = [n * 2] * len(sizes)
     params = nn.init_mlp(jax.random.key(0), small)
@@ -117,33 +126,34 @@ def plot_rooflines(points: dict[str, rf.Estimate | tuple[float, float]],
     """Log-log rooflines (attainable FLOP/s against FLOPs per HBM byte) of ``chips``, with
     ``points`` (label -> an Estimate or (intensity, FLOPs)) marked at their intensity."""
     fig, ax = _axes()
-    x = np.logspace(-1, 4, 200)
+    x = np.logspace(-2, 4, 200)
     for i, key in enumerate(chips):
         chip = rf.get_chip(key)
         ax.plot(x, np.minimum(chip.peak_flops_bf16, x * chip.hbm_bandwidth), color=f"C{i}",
                 label=key, lw=1.6)
-    for j, (label, point) in enumerate(points.items()):
+    for label, point in points.items():
         intensity = point.intensity if isinstance(point, rf.Estimate) else point[0]
         ax.axvline(intensity, color="0.3", ls=":", lw=1)
-        ax.text(intensity * 1.08, 2e11 * 3 ** j, label, fontsize=11, color="0.15")
+        ax.text(intensity * 1.12, 1.3e11, label, fontsize=11, color="0.15", rotation=90,
+                va="bottom")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per HBM byte)",
            ylabel="attainable FLOP/s (bf16)", ylim=(1e11, 5e15))
     ax.xaxis.label.set_fontsize(11)
     ax.yaxis.label.set_fontsize(11)
-    ax.legend(fontsize=10, ncol=2, loc="lower right")
+    ax.legend(fontsize=10, ncol=2, loc="upper left")
     fig.tight_layout()
     return fig
 
 
 def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, ylabel: str,
                 marks: dict[str, float] | None = None, logy: bool = True) -> Any:
-    """One line per curve over ``x`` (log x axis), optional vertical marks (label -> x)."""
+    """One line per curve over ``x`` (log x axis), optional horizontal marks (label -> y)."""
     fig, ax = _axes((6.4, 3.8))
     for i, (label, values) in enumerate(curves.items()):
         ax.plot(x, values, label=label, color=f"C{i}", lw=1.6)
-    for label, where in (marks or {}).items():
-        ax.axvline(where, color="0.3", ls=":", lw=1)
-        ax.text(where * 1.05, ax.get_ylim()[1] * 0.5 if not logy else 1.0, label, fontsize=11)
+    for label, level in (marks or {}).items():
+        ax.axhline(level, color="0.3", lw=1)
+        ax.text(x[0], level * (1.15 if logy else 1.02), label, fontsize=11, color="0.15")
     ax.set(xscale="log", yscale="log" if logy else "linear", xlabel=xlabel, ylabel=ylabel)
     ax.xaxis.label.set_fontsize(11)
     ax.yaxis.label.set_fontsize(11)
