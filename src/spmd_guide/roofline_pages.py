@@ -112,13 +112,22 @@ def chip_for(device: jax.Device) -> str | None:
 # --------------------------------------------------------------------------- figures
 
 
-def _axes(figsize: tuple[float, float] = (6.4, 4.2)) -> tuple[Any, Any]:
+def _axes(figsize: tuple[float, float] = (4.8, 3.8)) -> tuple[Any, Any]:
+    """Figures 4.8 in wide: on a 400 px phone their 11 pt text still shows at 11 px or more."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=figsize)
     ax.tick_params(labelsize=11)
     ax.grid(alpha=0.3, which="both")
     return fig, ax
+
+
+def _finish(ax: Any) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.label.set_fontsize(11)
+    ax.yaxis.label.set_fontsize(11)
 
 
 def plot_rooflines(points: dict[str, rf.Estimate | tuple[float, float]],
@@ -138,9 +147,8 @@ def plot_rooflines(points: dict[str, rf.Estimate | tuple[float, float]],
                 va="bottom")
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per HBM byte)",
            ylabel="attainable FLOP/s (bf16)", ylim=(1e11, 5e15))
-    ax.xaxis.label.set_fontsize(11)
-    ax.yaxis.label.set_fontsize(11)
-    ax.legend(fontsize=10, ncol=2, loc="upper left")
+    _finish(ax)
+    ax.legend(fontsize=11, ncol=2, loc="upper left", handlelength=1.2)
     fig.tight_layout()
     return fig
 
@@ -148,16 +156,15 @@ def plot_rooflines(points: dict[str, rf.Estimate | tuple[float, float]],
 def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, ylabel: str,
                 marks: dict[str, float] | None = None, logy: bool = True) -> Any:
     """One line per curve over ``x`` (log x axis), optional horizontal marks (label -> y)."""
-    fig, ax = _axes((6.4, 3.8))
+    fig, ax = _axes((4.8, 3.8))
     for i, (label, values) in enumerate(curves.items()):
         ax.plot(x, values, label=label, color=f"C{i}", lw=1.6)
     for label, level in (marks or {}).items():
         ax.axhline(level, color="0.3", lw=1)
         ax.text(x[0], level * (1.15 if logy else 1.02), label, fontsize=11, color="0.15")
     ax.set(xscale="log", yscale="log" if logy else "linear", xlabel=xlabel, ylabel=ylabel)
-    ax.xaxis.label.set_fontsize(11)
-    ax.yaxis.label.set_fontsize(11)
-    ax.legend(fontsize=10, ncol=2)
+    _finish(ax)
+    ax.legend(fontsize=11, ncol=2, handlelength=1.2)
     fig.tight_layout()
     return fig
 
@@ -165,7 +172,7 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
 def plot_predictions(predictions: Sequence[Prediction]) -> Any:
     """Predicted step time (ms, log) per strategy, one group of bars per chip; the bar's
     hatch says which bound dominates."""
-    fig, ax = _axes((6.4, 4.4))
+    fig, ax = _axes((4.8, 5.0))
     chips = list(dict.fromkeys(p.chip for p in predictions))
     names = list(dict.fromkeys(p.strategy for p in predictions))
     hatch = {"compute": "", "memory": "//", "communication": ".."}
@@ -175,11 +182,12 @@ def plot_predictions(predictions: Sequence[Prediction]) -> Any:
             e = next(p.estimate for p in predictions if p.chip == chip and p.strategy == name)
             ax.bar(i + j * width, e.step_s * 1e3, width, color=f"C{j}", hatch=hatch[e.bound],
                    edgecolor="white", label=name if i == 0 else None)
-    ax.set_xticks(np.arange(len(chips)) + 0.4 - width / 2, chips, rotation=30, ha="right")
-    ax.set(yscale="log", ylabel="predicted step (ms)")
+    ax.set_xticks(np.arange(len(chips)) + 0.4 - width / 2, chips, rotation=40, ha="right")
+    top = max(p.estimate.step_s for p in predictions) * 1e3
+    ax.set(yscale="log", ylabel="predicted step (ms)", ylim=(None, top * 400))
     ax.yaxis.label.set_fontsize(11)
-    ax.legend(fontsize=10, ncol=4, loc="upper right", title="solid: compute, //: memory, "
-              "..: communication", title_fontsize=10)
+    ax.legend(fontsize=11, ncol=3, loc="upper center", handlelength=1.2, columnspacing=0.8,
+              title="solid: compute, //: memory,\n..: communication", title_fontsize=11)
     fig.tight_layout()
     return fig
 
