@@ -227,6 +227,13 @@ def test_worked_problems_answers():
         assert p.question.endswith("?") and p.answer
 
 
+def test_rooflines_exercises_answers():
+    answers = {p.key: p.value for p in rp.intensity_exercises()}
+    assert answers["f32_intensity"] == pytest.approx(
+        2 * 256 * 4096**2 / (2 * (256 * 4096 * 2 + 4096**2)))
+    assert answers["b200_batch"] == pytest.approx(2.25e15 / 8e12)
+
+
 def test_chip_for_device_kinds():
     class Fake:
         def __init__(self, kind):

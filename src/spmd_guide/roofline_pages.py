@@ -278,3 +278,22 @@ def problems() -> list[Problem]:
         "once. What is the memory-bound lower limit per token?",
         f"14 GB / {h200.hbm_bandwidth / 1e12:g} TB/s = {decode * 1e3:.2f} ms.", decode))
     return out
+
+
+def intensity_exercises() -> list[Problem]:
+    """The exercises closing the rooflines chapter (arithmetic intensity, critical batch)."""
+    f32 = rf.matmul_intensity(256, 4096, 4096, bytes_per_element=4)
+    bf16 = rf.matmul_intensity(256, 4096, 4096)
+    b200 = rf.CHIPS["b200"]
+    return [
+        Problem("f32_intensity", "What is the arithmetic intensity of x[256, 4096] @ "
+                "W[4096, 4096] in float32, and in bfloat16?",
+                f"2*256*4096*4096 / (b*(256*4096 + 4096*4096 + 256*4096)): {f32:.0f} FLOPs "
+                f"per byte for b = 4, {bf16:.0f} for b = 2. Halving the bytes doubles it.",
+                bf16),
+        Problem("b200_batch", "From what batch is a bf16 matmul with a wide weight "
+                "compute-bound on a B200, and why is that close to an H100's?",
+                f"B* = ridge = {b200.peak_flops_bf16:.3g} / {b200.hbm_bandwidth:.3g} = "
+                f"{b200.ridge:.0f} (H100 SXM: {rf.CHIPS['h100-sxm'].ridge:.0f}): FLOP/s and "
+                "HBM bandwidth grew by similar factors.", b200.ridge),
+    ]
