@@ -160,10 +160,11 @@ def counts(fn: Callable[..., Any], *args: Any) -> Counts:
     """FLOPs and bytes accessed (XLA's cost analysis of the per-device program) and bytes one
     device sends (ring model) of ``fn`` compiled on ``args``."""
     checks.function("fn", fn)
-    cost = hlo.compile(fn, *args).cost_analysis()
+    compiled = hlo.compile(fn, *args)  # compiled once; both questions ask this program
+    cost = compiled.cost_analysis()
     return Counts(flops=float(cost.get("flops", 0.0)),
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-                  comm_bytes=float(hlo.communication_bytes(fn, *args)))
+                  comm_bytes=float(hlo.communication_bytes(compiled)))
 
 
 def estimate(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
