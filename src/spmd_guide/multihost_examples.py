@@ -1,4 +1,4 @@
-"""The programs Part VI runs in several processes at once, with :func:`spmd_guide.multihost.launch`.
+"""The programs Part VII runs in several processes at once, with :func:`spmd_guide.multihost.launch`.
 
 Every function here runs in *each* launched process, after ``jax.distributed.initialize``: the
 same code, a different ``jax.process_index()``. Each prints what its process sees (that is the
@@ -209,7 +209,7 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
                        seed: int = 0) -> dict[str, Any]:
     """Loss and gradients of the MLP on one batch of ``problem``, everywhere.
 
-    The batch is the first of an epoch of the Part V loader, laid out as
+    The batch is the first of an epoch of the Part VI loader, laid out as
     each strategy wants it; each process loads only its devices' rows.
     Returns the ids of the examples this process loaded and, per strategy,
     the loss and the gradients (whole, as nested lists).
