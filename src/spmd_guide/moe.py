@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide import checks
+from spmd_guide.hlo import ring_bytes
 
 Params = dict[str, jax.Array]
 Stats = dict[str, jax.Array]
@@ -274,11 +275,10 @@ def moe_layer(params: Params, x: jax.Array, mesh: Mesh, axis_name: str, *, top_k
 # --------------------------------------------------------------------------- costs and pictures
 
 
-def all_to_all_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
-                     capacity_factor: float, d_model: int, bytes_per_element: int = 4,
-                     rule: str = "global") -> int:
-    """Bytes one device sends in one of the layer's all-to-alls (ring model: (n-1)/n of
-    its buffer ``[n_experts, slots, d_model]``).
+def dispatch_buffer_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
+                          capacity_factor: float, d_model: int, bytes_per_element: int = 4,
+                          rule: str = "global") -> int:
+    """Bytes of one device's dispatch buffer ``[n_experts, slots, d_model]``.
 
     ``rule="global"`` is :func:`moe_layer` (``slots`` from :func:`dispatch_slots`);
     ``rule="per_device"`` is a GShard-style layer whose capacity is computed per device,
@@ -292,7 +292,18 @@ def all_to_all_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
     else:
         slots = capacity(tokens // n, top_k=top_k, n_experts=n_experts,
                          capacity_factor=capacity_factor)
-    return (n - 1) * n_experts * slots * d_model * bytes_per_element // n
+    return n_experts * slots * d_model * bytes_per_element
+
+
+def all_to_all_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
+                     capacity_factor: float, d_model: int, bytes_per_element: int = 4,
+                     rule: str = "global") -> int:
+    """Bytes one device sends in one of the layer's all-to-alls: (n-1)/n of its
+    :func:`dispatch_buffer_bytes` (one block of the buffer stays on the device)."""
+    buffer = dispatch_buffer_bytes(tokens, n_devices, top_k=top_k, n_experts=n_experts,
+                                   capacity_factor=capacity_factor, d_model=d_model,
+                                   bytes_per_element=bytes_per_element, rule=rule)
+    return ring_bytes("all-to-all", buffer, n_devices)
 
 
 def traffic(routing: Routing, n_devices: int) -> jax.Array:
