@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -131,16 +132,34 @@ def route(params: Params, x: jax.Array, *, top_k: int, capacity_factor: float,
     tokens, n_experts = x.shape[0], params["router"].shape[1]
     checks.divisible("the number of tokens (dimension 0 of x)", tokens, groups,
                      why="into routing groups")
-    probs, expert, gate = _choose(params["router"], x, top_k)
     cap = capacity(tokens // groups, top_k=top_k, n_experts=n_experts,
                    capacity_factor=capacity_factor)
-    # Priority order inside a group: choice-major, then token: [groups, top_k, tokens/g, E].
-    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)
+    return _route(params["router"], x, top_k=top_k, cap=cap, groups=groups)
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "cap", "groups"))
+def _route(router: jax.Array, x: jax.Array, *, top_k: int, cap: int, groups: int
+           ) -> Routing:
+    """Each assignment's place in its expert's queue: a cumulative count in priority order
+    (choice-major, then token), per group of tokens; kept if the place is below ``cap``."""
+    tokens, n_experts = x.shape[0], router.shape[1]
+    probs, expert, gate = _choose(router, x, top_k)
+    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)     # [tokens, k, E]
     hot = hot.reshape(groups, tokens // groups, top_k, n_experts).transpose(0, 2, 1, 3)
     flat = hot.reshape(groups, top_k * (tokens // groups), n_experts)
-    before = _exclusive_cumsum(flat, axis=1).reshape(hot.shape)
+    before = _exclusive_cumsum(flat, axis=1).reshape(hot.shape)  # earlier, same expert
     position = jnp.sum(before * hot, axis=-1).transpose(0, 2, 1).reshape(tokens, top_k)
     return Routing(probs, expert, gate, position, position < cap)
+
+
+def dropped_at(routing: Routing, capacity_factor: float) -> int:
+    """Assignments ``routing`` would drop at another capacity factor: a position in an
+    expert's queue does not depend on the capacity, only the cut-off does."""
+    tokens, top_k = routing.expert.shape
+    cap = capacity(tokens, top_k=top_k, n_experts=routing.probs.shape[1],
+                   capacity_factor=checks.real("capacity_factor", capacity_factor,
+                                               positive=True))
+    return int(jnp.sum(routing.position >= cap))
 
 
 def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
@@ -169,11 +188,21 @@ def _expert_mlp(w_in: jax.Array, w_out: jax.Array, x: jax.Array) -> jax.Array:
 
 def reference_moe(params: Params, x: jax.Array, *, top_k: int,
                   capacity_factor: float) -> tuple[jax.Array, Stats]:
-    """The layer on one device, written for clarity: every expert on every token, then keep
-    each token's kept assignments weighted by their gates. Returns ``(y, stats)``: ``stats``
-    holds ``tokens_per_expert`` (kept assignments per expert), ``dropped`` (assignments
-    dropped), ``aux_loss`` (:func:`load_balancing_loss`) and ``kept`` ``[tokens, top_k]``."""
-    r = route(params, x, top_k=top_k, capacity_factor=capacity_factor)
+    """The layer on one device. Returns ``(y, stats)``: ``stats`` holds
+    ``tokens_per_expert`` (kept assignments per expert), ``dropped`` (assignments dropped),
+    ``aux_loss`` (:func:`load_balancing_loss`) and ``kept`` ``[tokens, top_k]``."""
+    top_k, capacity_factor = _check(params, x, top_k, capacity_factor)
+    cap = capacity(x.shape[0], top_k=top_k, n_experts=params["router"].shape[1],
+                   capacity_factor=capacity_factor)
+    return _reference(params, x, top_k=top_k, cap=cap)
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "cap"))
+def _reference(params: Params, x: jax.Array, *, top_k: int, cap: int
+               ) -> tuple[jax.Array, Stats]:
+    """Written for clarity: every expert on every token, then each token keeps its kept
+    assignments, weighted by their gates."""
+    r = _route(params["router"], x, top_k=top_k, cap=cap, groups=1)
     n_experts = params["router"].shape[1]
     every = _expert_mlp(params["w_in"], params["w_out"], x[None])  # [E, tokens, d_model]
     weight = jnp.sum(jax.nn.one_hot(r.expert, n_experts, dtype=x.dtype)
@@ -261,15 +290,22 @@ def moe_layer(params: Params, x: jax.Array, mesh: Mesh, axis_name: str, *, top_k
     cap = capacity(tokens, top_k=top_k, n_experts=n_experts, capacity_factor=capacity_factor)
     slots = dispatch_slots(tokens, n, top_k=top_k, n_experts=n_experts,
                            capacity_factor=capacity_factor)
+    layer = _sharded_layer(mesh, axis_name, top_k=top_k, cap=cap, slots=slots, tokens=tokens)
+    return layer(params["router"], params["w_in"], params["w_out"], x)
+
+
+@functools.cache
+def _sharded_layer(mesh: Mesh, axis_name: str, *, top_k: int, cap: int, slots: int,
+                   tokens: int) -> Any:
+    """The jitted ``shard_map`` of :func:`_local_layer`, built once per configuration."""
     body = functools.partial(_local_layer, axis_name=axis_name, top_k=top_k, cap=cap,
                              slots=slots, tokens=tokens)
     stat_specs = {"tokens_per_expert": P(), "dropped": P(), "aux_loss": P(),
                   "kept": P(axis_name)}
-    layer = jax.shard_map(
+    return jax.jit(jax.shard_map(
         body, mesh=mesh,
         in_specs=(P(), P(axis_name), P(axis_name), P(axis_name)),
-        out_specs=(P(axis_name), stat_specs))
-    return layer(params["router"], params["w_in"], params["w_out"], x)
+        out_specs=(P(axis_name), stat_specs)))
 
 
 # --------------------------------------------------------------------------- costs and pictures
@@ -306,7 +342,7 @@ def all_to_all_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
     return ring_bytes("all-to-all", buffer, n_devices)
 
 
-def traffic(routing: Routing, n_devices: int) -> jax.Array:
+def traffic(routing: Routing, n_devices: int) -> np.ndarray:
     """Kept assignments sent from each device (rows: the devices holding the tokens) to each
     device (columns: the devices holding the experts), ``[n_devices, n_devices]``, with
     tokens and experts split evenly over the devices in order, as :func:`moe_layer` does."""
@@ -314,18 +350,18 @@ def traffic(routing: Routing, n_devices: int) -> jax.Array:
     n = checks.count("n_devices", n_devices)
     checks.divisible("the number of tokens", tokens, n, why="over the devices")
     checks.divisible("n_experts", n_experts, n, why="over the devices")
-    source = jnp.arange(tokens)[:, None] // (tokens // n)
-    target = routing.expert // (n_experts // n)
-    cells = jnp.broadcast_to(source, target.shape) * n + target
-    return jnp.bincount(cells.ravel(), weights=routing.kept.ravel().astype(jnp.int32),
-                        length=n * n).reshape(n, n).astype(jnp.int32)
+    source = np.arange(tokens)[:, None] // (tokens // n)
+    target = np.asarray(routing.expert) // (n_experts // n)
+    matrix = np.zeros((n, n), np.int64)
+    np.add.at(matrix, (np.broadcast_to(source, target.shape), target),
+              np.asarray(routing.kept).astype(np.int64))
+    return matrix
 
 
 def draw_traffic(matrix: Any, *, title: str = "") -> Any:
     """A heat map of :func:`traffic`: a cell per (token device, expert device), its count
     written in it. Returns the matplotlib ``Figure``."""
     import matplotlib.pyplot as plt
-    import numpy as np
 
     m = np.asarray(matrix)
     n = m.shape[0]
