@@ -98,3 +98,28 @@ def test_bad_inputs():
     for call, error, word in cases:
         with pytest.raises(error, match=word):
             call()
+
+
+def _example():
+    """The model and mesh of book/part8/composing.md."""
+    model = dict(n_layers=32, d_model=4096, d_ff=14336, seq_len=4096, n_experts=8, top_k=2,
+                 capacity_factor=1.25)
+    mesh = {"data": 2, "fsdp": 4, "pipeline": 4, "expert": 2, "tensor": 4}
+    return model, mesh
+
+
+def test_chapter_placement_and_exercises():
+    model, mesh = _example()
+    rows = axes.traffic(axes.Model(batch=256, **model), mesh, n_microbatches=8)
+    placement = axes.place_axes(rows, devices_per_node=8)
+    assert {a for a, link in placement.items() if link == "fast"} == {"tensor", "expert"}
+    # Exercise 1: double the batch.
+    big = {r.axis: r.bytes_sent
+           for r in axes.traffic(axes.Model(batch=512, **model), mesh, n_microbatches=8)}
+    small = {r.axis: r.bytes_sent for r in rows}
+    assert big["pipeline"] == 2 * small["pipeline"] and big["tensor"] == 2 * small["tensor"]
+    assert big["data"] == small["data"] and big["fsdp"] == small["fsdp"]
+    assert 1.9 * small["expert"] < big["expert"] < 2 * small["expert"]
+    # Exercise 2: nodes of 4 devices keep only the tensor axis inside.
+    four = axes.place_axes(rows, devices_per_node=4)
+    assert [a for a, link in four.items() if link == "fast"] == ["tensor"]

@@ -201,3 +201,12 @@ def test_bad_inputs_raise_clear_errors(data):
         moe.init_moe(0, d_model=4, d_ff=0, n_experts=2)
     with pytest.raises(checks.InputError, match="divisible"):
         moe.route(params, x, top_k=1, capacity_factor=1.0, groups=3)
+
+
+def test_chapter_exercises():
+    """The answers of book/part8/experts.md."""
+    assert moe.capacity(64, top_k=2, n_experts=8, capacity_factor=1.25) == 20
+    kw = {"top_k": 2, "n_experts": 8, "capacity_factor": 1.25, "d_model": 16}
+    assert moe.dispatch_slots(64, 8, top_k=2, n_experts=8, capacity_factor=1.25) == 8
+    assert moe.all_to_all_bytes(64, 8, **kw) == 3584
+    assert moe.all_to_all_bytes(64, 8, rule="per_device", **kw) == 1344
