@@ -138,17 +138,20 @@ def route(params: Params, x: jax.Array, *, top_k: int, capacity_factor: float,
 
 
 @functools.partial(jax.jit, static_argnames=("top_k", "cap", "groups"))
-def _route(router: jax.Array, x: jax.Array, *, top_k: int, cap: int, groups: int
-           ) -> Routing:
-    """Each assignment's place in its expert's queue: a cumulative count in priority order
-    (choice-major, then token), per group of tokens; kept if the place is below ``cap``."""
+def _route(router: jax.Array, x: jax.Array, *, top_k: int, cap: int,
+           groups: int) -> Routing:
+    """Each assignment's place in its expert's queue: a cumulative count in
+    priority order (choice-major, then token), per group of tokens; kept if
+    the place is below ``cap``."""
     tokens, n_experts = x.shape[0], router.shape[1]
+    size = tokens // groups
     probs, expert, gate = _choose(router, x, top_k)
-    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)     # [tokens, k, E]
-    hot = hot.reshape(groups, tokens // groups, top_k, n_experts).transpose(0, 2, 1, 3)
-    flat = hot.reshape(groups, top_k * (tokens // groups), n_experts)
-    before = _exclusive_cumsum(flat, axis=1).reshape(hot.shape)  # earlier, same expert
-    position = jnp.sum(before * hot, axis=-1).transpose(0, 2, 1).reshape(tokens, top_k)
+    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)   # [t, k, E]
+    hot = hot.reshape(groups, size, top_k, n_experts).transpose(0, 2, 1, 3)
+    flat = hot.reshape(groups, top_k * size, n_experts)        # in priority
+    before = _exclusive_cumsum(flat, axis=1).reshape(hot.shape)
+    position = jnp.sum(before * hot, axis=-1)                  # [g, k, t/g]
+    position = position.transpose(0, 2, 1).reshape(tokens, top_k)
     return Routing(probs, expert, gate, position, position < cap)
 
 
@@ -163,11 +166,15 @@ def dropped_at(routing: Routing, capacity_factor: float) -> int:
 
 
 def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
-    """Switch-Transformer auxiliary loss ``n_experts * sum_e f_e * p_e``: ``f_e`` the share
-    of assignments (before drops) routed to expert ``e``, ``p_e`` its mean router
-    probability. 1 when the load is even; larger when the router favours a few experts."""
+    """Switch-Transformer auxiliary loss ``n_experts * sum_e f_e * p_e``.
+
+    ``f_e``: the share of assignments (before drops) routed to expert ``e``;
+    ``p_e``: its mean router probability. 1 when the load is even; larger
+    when the router favours a few experts.
+    """
     n_experts = probs.shape[-1]
-    share = jnp.mean(jax.nn.one_hot(expert, n_experts, dtype=probs.dtype), axis=(0, 1))
+    hot = jax.nn.one_hot(expert, n_experts, dtype=probs.dtype)
+    share = jnp.mean(hot, axis=(0, 1))
     return n_experts * jnp.sum(share * jnp.mean(probs, axis=0))
 
 
@@ -200,15 +207,16 @@ def reference_moe(params: Params, x: jax.Array, *, top_k: int,
 @functools.partial(jax.jit, static_argnames=("top_k", "cap"))
 def _reference(params: Params, x: jax.Array, *, top_k: int, cap: int
                ) -> tuple[jax.Array, Stats]:
-    """Written for clarity: every expert on every token, then each token keeps its kept
-    assignments, weighted by their gates."""
+    """Written for clarity: every expert on every token, then each token keeps
+    its kept assignments, weighted by their gates."""
     r = _route(params["router"], x, top_k=top_k, cap=cap, groups=1)
     n_experts = params["router"].shape[1]
-    every = _expert_mlp(params["w_in"], params["w_out"], x[None])  # [E, tokens, d_model]
-    weight = jnp.sum(jax.nn.one_hot(r.expert, n_experts, dtype=x.dtype)
-                     * (r.gate * r.kept)[..., None], axis=1)      # [tokens, E]
+    every = _expert_mlp(params["w_in"], params["w_out"], x[None])  # [E, t, d]
+    hot = jax.nn.one_hot(r.expert, n_experts, dtype=x.dtype)       # [t, k, E]
+    weight = jnp.sum(hot * (r.gate * r.kept)[..., None], axis=1)   # [t, E]
     y = jnp.einsum("te,etd->td", weight, every)
-    return y, _stats(r.kept, r.expert, n_experts, load_balancing_loss(r.probs, r.expert))
+    aux = load_balancing_loss(r.probs, r.expert)
+    return y, _stats(r.kept, r.expert, n_experts, aux)
 
 
 # --------------------------------------------------------------------------- sharded layer
@@ -225,47 +233,58 @@ def dispatch_slots(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
     return min(cap, tokens // n_devices)
 
 
-def _local_layer(router: jax.Array, w_in: jax.Array, w_out: jax.Array, x: jax.Array, *,
-                 axis_name: str, top_k: int, cap: int, slots: int, tokens: int
-                 ) -> tuple[jax.Array, Stats]:
-    """One device's part: route its tokens, send them, run its experts, bring them back."""
-    n_experts = router.shape[1]
+def _global_positions(hot: jax.Array, axis_name: str) -> jax.Array:
+    """Each local assignment's place in its expert's queue over the whole batch.
+
+    ``hot`` is this device's assignments, one-hot ``[top_k, tokens/n, E]``.
+    Before an assignment come: earlier choices on every device, the same
+    choice on earlier devices, and earlier tokens of this device.
+    """
     n = jax.lax.axis_size(axis_name)
-    me = jax.lax.axis_index(axis_name)
-    probs, expert, gate = _choose(router, x, top_k)
-    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32).transpose(1, 0, 2)  # [k, t, E]
-    # 1. Global position of each assignment: earlier choices on all devices, then this
-    #    choice on earlier devices, then earlier tokens here. Needs every device's counts.
-    counts = jnp.sum(hot, axis=1)                                    # [k, E]
-    every = jax.lax.all_gather(counts, axis_name)                    # [n, k, E]
+    counts = jnp.sum(hot, axis=1)                          # [k, E] here
+    every = jax.lax.all_gather(counts, axis_name)          # [n, k, E]
     earlier_choices = _exclusive_cumsum(jnp.sum(every, axis=0), axis=0)
-    earlier_devices = jnp.sum(jnp.where(jnp.arange(n)[:, None, None] < me, every, 0), axis=0)
-    here = _exclusive_cumsum(hot, axis=1)                            # [k, t, E]
+    is_earlier = (jnp.arange(n) < jax.lax.axis_index(axis_name)).astype(jnp.int32)
+    earlier_devices = jnp.einsum("d,dke->ke", is_earlier, every)
+    here = _exclusive_cumsum(hot, axis=1)                  # [k, t, E]
     offset = (earlier_choices + earlier_devices)[:, None, :]
-    position = jnp.sum((offset + here) * hot, axis=-1).T             # [t, k]
-    kept = position < cap
-    # 2. Slot in this device's send buffer: rank among its own assignments to that expert
-    #    (kept ones come first in priority order, so they fill slots 0, 1, ...).
-    local_rank = here + _exclusive_cumsum(counts, axis=0)[:, None, :]
-    slot = jnp.where(kept, jnp.sum(local_rank * hot, axis=-1).T, slots)  # dropped: past end
-    send = jnp.zeros((n_experts, slots, x.shape[1]), x.dtype)
-    send = send.at[expert, slot].set(jnp.broadcast_to(x[:, None], (*expert.shape, x.shape[1])),
-                                     mode="drop")
-    # 3. Dispatch: block i of the experts goes to device i; receive [source, E/n, slots, d].
-    send = send.reshape(n, n_experts // n, slots, x.shape[1])
-    received = jax.lax.all_to_all(send, axis_name, 0, 0)
+    return jnp.sum((offset + here) * hot, axis=-1).T       # [t, k]
+
+
+def _local_layer(router: jax.Array, w_in: jax.Array, w_out: jax.Array,
+                 x: jax.Array, *, axis_name: str, top_k: int, cap: int,
+                 slots: int, tokens: int) -> tuple[jax.Array, Stats]:
+    """One device's part: route its tokens, send them to their experts' devices,
+    run its own experts, send the results back, combine."""
+    n, d = jax.lax.axis_size(axis_name), x.shape[1]
+    n_experts = router.shape[1]
+    probs, expert, gate = _choose(router, x, top_k)
+    hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)
+    hot = hot.transpose(1, 0, 2)                           # [k, t, E]
+    kept = _global_positions(hot, axis_name) < cap         # [t, k]
+    # Slot in the send buffer: rank among this device's assignments to the
+    # expert. Kept ones come first in priority order: slots 0, 1, ...
+    rank = _exclusive_cumsum(hot.reshape(-1, n_experts), axis=0)
+    rank = jnp.sum(rank.reshape(hot.shape) * hot, axis=-1).T
+    slot = jnp.where(kept, rank, slots)                    # dropped: past end
+    send = jnp.zeros((n_experts, slots, d), x.dtype)
+    tokens_in = jnp.broadcast_to(x[:, None], (*expert.shape, d))
+    send = send.at[expert, slot].set(tokens_in, mode="drop")
+    # Dispatch: block i of the experts goes to device i.
+    send = send.reshape(n, n_experts // n, slots, d)
+    received = jax.lax.all_to_all(send, axis_name, 0, 0)   # [source, E/n, ...]
     out = _expert_mlp(w_in, w_out, received)
-    # 4. Combine: outputs go back to the devices their tokens came from.
-    back = jax.lax.all_to_all(out, axis_name, 0, 0).reshape(n_experts, slots, x.shape[1])
-    picked = back.at[expert, slot].get(mode="fill", fill_value=0)   # [t, k, d]
+    # Combine: results go back to the devices their tokens came from.
+    back = jax.lax.all_to_all(out, axis_name, 0, 0).reshape(n_experts, slots, d)
+    picked = back.at[expert, slot].get(mode="fill", fill_value=0)  # [t, k, d]
     y = jnp.einsum("tk,tkd->td", gate * kept, picked)
     # Statistics over the whole batch.
-    share = jax.lax.psum(jnp.sum(hot, axis=(0, 1)), axis_name) / (tokens * top_k)
-    mean_prob = jax.lax.psum(jnp.sum(probs, axis=0), axis_name) / tokens
+    psum = functools.partial(jax.lax.psum, axis_name=axis_name)
+    share = psum(jnp.sum(hot, axis=(0, 1))) / (tokens * top_k)
+    mean_prob = psum(jnp.sum(probs, axis=0)) / tokens
     stats = {
-        "tokens_per_expert": jax.lax.psum(jnp.sum(hot * kept.T[..., None], axis=(0, 1)),
-                                          axis_name),
-        "dropped": jax.lax.psum(jnp.sum(~kept).astype(jnp.int32), axis_name),
+        "tokens_per_expert": psum(jnp.sum(hot * kept.T[..., None], axis=(0, 1))),
+        "dropped": psum(jnp.sum(~kept).astype(jnp.int32)),
         "aux_loss": n_experts * jnp.sum(share * mean_prob),
         "kept": kept,
     }
