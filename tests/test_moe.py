@@ -89,8 +89,8 @@ def test_priority_order_by_hand():
     for factor, kept in expected.items():
         _, ref = moe.reference_moe(params, x, top_k=2, capacity_factor=factor)
         np.testing.assert_array_equal(np.asarray(ref["kept"]), np.array(kept, bool))
-        _, got = _layer(2, 2, factor)(params, x)
-        np.testing.assert_array_equal(np.asarray(got["kept"]), np.array(kept, bool))
+    _, got = _layer(2, 2, 1.5)(params, x)  # one sharded check: compiles are the cost
+    np.testing.assert_array_equal(np.asarray(got["kept"]), np.array(expected[1.5], bool))
 
 
 def test_per_device_rule_depends_on_the_device_count(data):

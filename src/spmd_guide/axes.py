@@ -149,65 +149,80 @@ def _sizes(mesh: Mapping[str, int]) -> dict[str, int]:
 
 def traffic(model: Model, mesh: Mapping[str, int], *, n_microbatches: int = 1,
             remat: bool = True) -> list[AxisTraffic]:
-    """Bytes each axis of ``mesh`` (axis name -> size; missing axes have size 1) sends per
-    device in one training step of ``model``, under the ring model.
+    """Bytes each axis of ``mesh`` (axis name -> size; missing axes: size 1)
+    sends per device in one training step of ``model`` (ring model).
 
-    The layout: the batch splits over ``data x fsdp x expert``; layers over ``pipeline``;
-    every weight matrix over ``tensor``; experts over ``expert``; each device's share of the
-    parameters over ``fsdp``. Gradients are reduced one axis at a time (``expert`` for the
-    dense weights, then ``data``). ``remat`` re-gathers the FSDP weights in the backward
-    pass. Axes of size 1 send nothing.
+    Layout: the batch splits over ``data x fsdp x expert``; layers over
+    ``pipeline``; every weight matrix over ``tensor``; experts over
+    ``expert``; each device's share of the parameters over ``fsdp``.
+    Gradients are reduced one axis at a time (``expert`` for the dense
+    weights, then ``data``). ``remat`` re-gathers the FSDP weights in the
+    backward pass. Axes of size 1 send nothing.
     """
+    s, m = _check_traffic(model, mesh, n_microbatches), n_microbatches
+    b, remat = model.bytes_per_value, checks.flag("remat", remat)
+    layers = model.n_layers // s["pipeline"]
+    moe_layers = layers if model.n_experts > 1 else 0
+    tokens = model.tokens // (s["data"] * s["fsdp"] * s["expert"])
+    activation = tokens * model.d_model * b       # [tokens, d_model] here
+    model_parallel = s["pipeline"] * s["tensor"]
+    dense = model.dense_params * b // model_parallel
+    experts = model.expert_params * b // (model_parallel * s["expert"])
+    buffer = moe.dispatch_buffer_bytes(
+        tokens * s["expert"], s["expert"], top_k=model.top_k,
+        n_experts=model.n_experts, capacity_factor=model.capacity_factor,
+        d_model=model.d_model, bytes_per_element=b, rule="per_device")
+    gathers = 2 if remat else 1
+    rows = [
+        AxisTraffic(
+            "data", s["data"], "all-reduce", 1,
+            data_bytes((dense + experts) // s["fsdp"], s["data"]),
+            "gradients (this device's FSDP shard)"),
+        AxisTraffic(
+            "fsdp", s["fsdp"], "all-gather, reduce-scatter",
+            (gathers + 1) * layers,
+            fsdp_bytes(dense + experts, s["fsdp"], gathers=gathers),
+            "weights gathered, gradients scattered"),
+        AxisTraffic(
+            "pipeline", s["pipeline"], "collective-permute", 2 * m,
+            pipeline_bytes(activation // m, s["pipeline"], sends=2 * m),
+            "activations forward, their gradients backward"),
+        AxisTraffic(
+            "tensor", s["tensor"], "all-reduce", 4 * layers,
+            tensor_bytes(activation, s["tensor"], all_reduces=4 * layers),
+            "activations, 2 all-reduces forward + 2 backward per layer"),
+        AxisTraffic(
+            "expert", s["expert"], "all-to-all, all-reduce",
+            4 * moe_layers + 1,
+            expert_bytes(buffer, s["expert"], all_to_alls=4 * moe_layers)
+            + data_bytes(dense // s["fsdp"], s["expert"]),
+            "tokens to experts and back; dense gradients"),
+    ]
+    return [r if r.size > 1 else AxisTraffic(r.axis, 1, "none", 0, 0, r.what)
+            for r in rows]
+
+
+def _check_traffic(model: Any, mesh: Any, n_microbatches: Any) -> dict[str, int]:
     if not isinstance(model, Model):
         raise checks.InputTypeError(f"model must be an axes.Model, got {model!r}.")
     s = _sizes(mesh)
     n_microbatches = checks.count("n_microbatches", n_microbatches)
-    remat = checks.flag("remat", remat)
-    b = model.bytes_per_value
     replicas = s["data"] * s["fsdp"] * s["expert"]
     checks.divisible("batch (sequences)", model.batch, replicas * n_microbatches,
                      why="over data x fsdp x expert, then into microbatches")
     checks.divisible("n_layers", model.n_layers, s["pipeline"], why="over 'pipeline'")
     checks.divisible("n_experts", model.n_experts, s["expert"], why="over 'expert'")
-    layers = model.n_layers // s["pipeline"]
-    tokens = model.tokens // replicas                       # tokens one device processes
-    activation = tokens * model.d_model * b
-    dense = model.dense_params * b // (s["pipeline"] * s["tensor"])
-    experts = model.expert_params * b // (s["pipeline"] * s["tensor"] * s["expert"])
-    moe_layers = layers if model.n_experts > 1 else 0
-    buffer = moe.dispatch_buffer_bytes(
-        tokens * s["expert"], s["expert"], top_k=model.top_k, n_experts=model.n_experts,
-        capacity_factor=model.capacity_factor, d_model=model.d_model, bytes_per_element=b,
-        rule="per_device")
-    gathers = 2 if remat else 1
-    rows = [
-        AxisTraffic("data", s["data"], "all-reduce", 1,
-                    data_bytes((dense + experts) // s["fsdp"], s["data"]),
-                    "gradients (this device's FSDP shard)"),
-        AxisTraffic("fsdp", s["fsdp"], "all-gather, reduce-scatter", (gathers + 1) * layers,
-                    fsdp_bytes(dense + experts, s["fsdp"], gathers=gathers),
-                    "weights gathered, gradients scattered"),
-        AxisTraffic("pipeline", s["pipeline"], "collective-permute", 2 * n_microbatches,
-                    pipeline_bytes(activation // n_microbatches, s["pipeline"],
-                                   sends=2 * n_microbatches),
-                    "activations forward, their gradients backward"),
-        AxisTraffic("tensor", s["tensor"], "all-reduce", 4 * layers,
-                    tensor_bytes(activation, s["tensor"], all_reduces=4 * layers),
-                    "activations, 2 all-reduces forward + 2 backward per layer"),
-        AxisTraffic("expert", s["expert"], "all-to-all, all-reduce", 4 * moe_layers + 1,
-                    expert_bytes(buffer, s["expert"], all_to_alls=4 * moe_layers)
-                    + data_bytes(dense // s["fsdp"], s["expert"]),
-                    "tokens to experts and back; dense gradients"),
-    ]
-    return [r if r.size > 1 else AxisTraffic(r.axis, 1, "none", 0, 0, r.what) for r in rows]
+    return s
 
 
-def place_axes(rows: list[AxisTraffic], *, devices_per_node: int) -> dict[str, str]:
-    """Which link each axis should use: ``"fast"`` (inside a node or slice: NVLink, ICI) or
-    ``"slow"`` (across nodes: InfiniBand, DCN).
+def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
+               ) -> dict[str, str]:
+    """Which link each axis should use: ``"fast"`` (inside a node or slice:
+    NVLink, ICI) or ``"slow"`` (across nodes: InfiniBand, DCN).
 
-    Greedy: axes in order of bytes sent, heaviest first, go inside the node while the
-    product of their sizes still divides ``devices_per_node``; the rest go across.
+    Greedy: axes in order of bytes sent, heaviest first, go inside the node
+    while the product of their sizes still divides ``devices_per_node``; the
+    rest go across.
     """
     devices_per_node = checks.count("devices_per_node", devices_per_node)
     inside = 1
