@@ -120,7 +120,7 @@ def test_other_shapes(n, experts_per_device, tokens_per_device, top_k, capacity_
 
 def test_all_to_all_bytes_match_the_compiled_program(data):
     params, x = data
-    for n, top_k, factor in [(8, 2, 0.75), (4, 2, 1.0)]:
+    for n, top_k, factor in [(8, 2, 0.75)]:  # each case costs a compile
         ops = [op for op in hlo.collectives(_layer(n, top_k, factor), params, x)
                if op.kind == "all-to-all"]
         assert len(ops) == 2
