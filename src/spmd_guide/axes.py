@@ -1,0 +1,301 @@
+"""Composing the five parallelism axes: the bytes each one moves per training step.
+
+A large model's mesh has up to five axes: ``data``, ``fsdp``, ``pipeline``, ``tensor`` and
+``expert``. Each moves a different kind of data, at a different rate:
+
+==========  ====================================================  ==========================
+axis        what it moves, per device and step                    collectives
+==========  ====================================================  ==========================
+data        its share of the gradients, once                      all-reduce
+fsdp        its slice of the parameters, gathered (twice with      all-gather, reduce-scatter
+            remat) and the gradients scattered, once per layer
+pipeline    activations forward and their gradients backward,     collective-permute
+            at each stage boundary, per microbatch
+tensor      activations of every layer (2 all-reduces forward,    all-reduce
+            2 backward, Megatron-style)
+expert      tokens to their experts and back (2 all-to-alls      all-to-all (+ all-reduce)
+            forward, 2 backward) per MoE layer; the dense
+            gradients, once
+==========  ====================================================  ==========================
+
+:func:`traffic` turns those rules into numbers with the ring model of
+:func:`spmd_guide.hlo.ring_bytes`; :func:`place_axes` puts the axes that move the most
+bytes on the fast links inside a node. The small programs at the end (``*_program``) do one
+axis's collective on a real mesh, so the formulas can be checked against the compiled HLO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import checks, moe
+from spmd_guide.hlo import ring_bytes
+
+AXES = ("data", "fsdp", "pipeline", "tensor", "expert")
+
+
+# --------------------------------------------------------------------------- one axis each
+
+
+def data_bytes(grad_bytes: int, n: int) -> int:
+    """Data parallelism: one all-reduce of the gradients a device holds."""
+    return ring_bytes("all-reduce", grad_bytes, n)
+
+
+def fsdp_bytes(param_bytes: int, n: int, *, gathers: int = 2) -> int:
+    """FSDP: ``gathers`` all-gathers of the parameters (forward, and again in the backward
+    pass with remat) and one reduce-scatter of the gradients; ``param_bytes`` is the full
+    (gathered) size."""
+    return (gathers * ring_bytes("all-gather", param_bytes, n)
+            + ring_bytes("reduce-scatter", param_bytes, n))
+
+
+def tensor_bytes(activation_bytes: int, n: int, *, all_reduces: int) -> int:
+    """Tensor parallelism: ``all_reduces`` all-reduces of an activation ``[tokens, d_model]``."""
+    return all_reduces * ring_bytes("all-reduce", activation_bytes, n)
+
+
+def pipeline_bytes(activation_bytes: int, n: int, *, sends: int) -> int:
+    """Pipeline parallelism: ``sends`` collective-permutes of an activation to the next (or
+    previous) stage; nothing when there is one stage."""
+    return sends * ring_bytes("collective-permute", activation_bytes, n) if n > 1 else 0
+
+
+def expert_bytes(buffer_bytes: int, n: int, *, all_to_alls: int) -> int:
+    """Expert parallelism: ``all_to_alls`` all-to-alls of a dispatch buffer."""
+    return all_to_alls * ring_bytes("all-to-all", buffer_bytes, n)
+
+
+# --------------------------------------------------------------------------- a model, a mesh
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    """A decoder-only transformer, for counting: per layer attention (``4 d_model^2``
+    parameters) and an MLP (``2 d_model d_ff``), or ``n_experts`` such MLPs (a MoE layer with
+    ``top_k`` routing). ``batch`` sequences of ``seq_len`` tokens per step; every value
+    (parameters, gradients, activations) takes ``bytes_per_value`` bytes."""
+
+    n_layers: int
+    d_model: int
+    d_ff: int
+    batch: int
+    seq_len: int
+    n_experts: int = 1
+    top_k: int = 1
+    capacity_factor: float = 1.25
+    bytes_per_value: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "d_ff", "batch", "seq_len", "n_experts",
+                     "top_k", "bytes_per_value"):
+            checks.count(name, getattr(self, name))
+        checks.count("top_k", self.top_k, maximum=self.n_experts)
+        checks.real("capacity_factor", self.capacity_factor, positive=True)
+
+    @property
+    def dense_params(self) -> int:
+        """Parameters every token uses: attention, plus the MLP of a dense model."""
+        mlp = 2 * self.d_model * self.d_ff if self.n_experts == 1 else 0
+        return self.n_layers * (4 * self.d_model ** 2 + mlp)
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of the experts (0 for a dense model)."""
+        return self.n_layers * self.n_experts * 2 * self.d_model * self.d_ff \
+            if self.n_experts > 1 else 0
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+
+@dataclass(frozen=True)
+class AxisTraffic:
+    """What one mesh axis moves per training step, per device."""
+
+    axis: str
+    size: int
+    collectives: str
+    ops: int
+    bytes_sent: int
+    what: str
+
+    def row(self) -> dict[str, Any]:
+        from spmd_guide.hlo import format_bytes
+
+        return {"axis": self.axis, "size": self.size, "collectives": self.collectives,
+                "ops per step": self.ops, "sent per device": format_bytes(self.bytes_sent),
+                "what": self.what}
+
+
+def _sizes(mesh: Mapping[str, int]) -> dict[str, int]:
+    if not isinstance(mesh, Mapping):
+        raise checks.InputTypeError(
+            f"mesh must map axis names to sizes, such as {{'data': 2, 'tensor': 4}}, got "
+            f"{mesh!r}.")
+    for name in mesh:
+        checks.one_of("mesh axis", name, AXES)
+    return {a: checks.count(f"mesh[{a!r}]", mesh.get(a, 1)) for a in AXES}
+
+
+def traffic(model: Model, mesh: Mapping[str, int], *, n_microbatches: int = 1,
+            remat: bool = True) -> list[AxisTraffic]:
+    """Bytes each axis of ``mesh`` (axis name -> size; missing axes: size 1)
+    sends per device in one training step of ``model`` (ring model).
+
+    Layout: the batch splits over ``data x fsdp x expert``; layers over
+    ``pipeline``; every weight matrix over ``tensor``; experts over
+    ``expert``; each device's share of the parameters over ``fsdp``.
+    Gradients are reduced one axis at a time (``expert`` for the dense
+    weights, then ``data``). ``remat`` re-gathers the FSDP weights in the
+    backward pass. Axes of size 1 send nothing.
+    """
+    s, m = _check_traffic(model, mesh, n_microbatches), n_microbatches
+    b, remat = model.bytes_per_value, checks.flag("remat", remat)
+    layers = model.n_layers // s["pipeline"]
+    moe_layers = layers if model.n_experts > 1 else 0
+    tokens = model.tokens // (s["data"] * s["fsdp"] * s["expert"])
+    activation = tokens * model.d_model * b       # [tokens, d_model] here
+    model_parallel = s["pipeline"] * s["tensor"]
+    dense = model.dense_params * b // model_parallel
+    experts = model.expert_params * b // (model_parallel * s["expert"])
+    buffer = moe.dispatch_buffer_bytes(
+        tokens * s["expert"], s["expert"], top_k=model.top_k,
+        n_experts=model.n_experts, capacity_factor=model.capacity_factor,
+        d_model=model.d_model, bytes_per_element=b, rule="per_device")
+    gathers = 2 if remat else 1
+    rows = [
+        AxisTraffic(
+            "data", s["data"], "all-reduce", 1,
+            data_bytes((dense + experts) // s["fsdp"], s["data"]),
+            "gradients (this device's FSDP shard)"),
+        AxisTraffic(
+            "fsdp", s["fsdp"], "all-gather, reduce-scatter",
+            (gathers + 1) * layers,
+            fsdp_bytes(dense + experts, s["fsdp"], gathers=gathers),
+            "weights gathered, gradients scattered"),
+        AxisTraffic(
+            "pipeline", s["pipeline"], "collective-permute", 2 * m,
+            pipeline_bytes(activation // m, s["pipeline"], sends=2 * m),
+            "activations forward, their gradients backward"),
+        AxisTraffic(
+            "tensor", s["tensor"], "all-reduce", 4 * layers,
+            tensor_bytes(activation, s["tensor"], all_reduces=4 * layers),
+            "activations, 2 all-reduces forward + 2 backward per layer"),
+        AxisTraffic(
+            "expert", s["expert"], "all-to-all, all-reduce",
+            4 * moe_layers + 1,
+            expert_bytes(buffer, s["expert"], all_to_alls=4 * moe_layers)
+            + data_bytes(dense // s["fsdp"], s["expert"]),
+            "tokens to experts and back; dense gradients"),
+    ]
+    return [r if r.size > 1 else AxisTraffic(r.axis, 1, "none", 0, 0, r.what)
+            for r in rows]
+
+
+def _check_traffic(model: Any, mesh: Any, n_microbatches: Any) -> dict[str, int]:
+    if not isinstance(model, Model):
+        raise checks.InputTypeError(f"model must be an axes.Model, got {model!r}.")
+    s = _sizes(mesh)
+    n_microbatches = checks.count("n_microbatches", n_microbatches)
+    replicas = s["data"] * s["fsdp"] * s["expert"]
+    checks.divisible("batch (sequences)", model.batch, replicas * n_microbatches,
+                     why="over data x fsdp x expert, then into microbatches")
+    checks.divisible("n_layers", model.n_layers, s["pipeline"], why="over 'pipeline'")
+    checks.divisible("n_experts", model.n_experts, s["expert"], why="over 'expert'")
+    return s
+
+
+def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
+               ) -> dict[str, str]:
+    """Which link each axis should use: ``"fast"`` (inside a node or slice:
+    NVLink, ICI) or ``"slow"`` (across nodes: InfiniBand, DCN).
+
+    Greedy: axes in order of bytes sent, heaviest first, go inside the node
+    while the product of their sizes still divides ``devices_per_node``; the
+    rest go across.
+    """
+    devices_per_node = checks.count("devices_per_node", devices_per_node)
+    inside = 1
+    placement: dict[str, str] = {}
+    for row in sorted(rows, key=lambda r: -r.bytes_sent):
+        if row.size == 1:
+            placement[row.axis] = "none"
+        elif devices_per_node % (inside * row.size) == 0:
+            inside *= row.size
+            placement[row.axis] = "fast"
+        else:
+            placement[row.axis] = "slow"
+    return {r.axis: placement[r.axis] for r in rows}
+
+
+def link_seconds(rows: list[AxisTraffic], placement: Mapping[str, str], *,
+                 fast_bandwidth: float, slow_bandwidth: float) -> dict[str, float]:
+    """Seconds each axis spends sending its bytes at its link's bandwidth (bytes/s per
+    device, one direction), with no overlap and no latency: a lower bound, for ranking."""
+    fast = checks.real("fast_bandwidth", fast_bandwidth, positive=True)
+    slow = checks.real("slow_bandwidth", slow_bandwidth, positive=True)
+    speed = {"fast": fast, "slow": slow, "none": math.inf}
+    return {r.axis: r.bytes_sent / speed[placement[r.axis]] for r in rows}
+
+
+# --------------------------------------------------------------------------- compiled checks
+
+
+def data_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
+    """Gradient of a data-parallel linear layer: ``w`` replicated, ``x`` split by rows."""
+    checks.axis(mesh, axis_name)
+
+    def loss(w, x):
+        local = jnp.sum((x @ w) ** 2)
+        return jax.lax.psum(local, axis_name)
+
+    body = jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=(P(), P(axis_name)),
+                         out_specs=P())
+    return jax.jit(body)
+
+
+def fsdp_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
+    """Gradient of an FSDP linear layer: ``w`` split by rows, gathered before use."""
+    checks.axis(mesh, axis_name)
+
+    def loss(w_shard, x):
+        w = jax.lax.all_gather(w_shard, axis_name, tiled=True)
+        return jax.lax.psum(jnp.sum((x @ w) ** 2), axis_name)
+
+    body = jax.shard_map(jax.grad(loss), mesh=mesh,
+                         in_specs=(P(axis_name), P(axis_name)), out_specs=P(axis_name))
+    return jax.jit(body)
+
+
+def tensor_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
+    """Forward pass of a Megatron MLP block: ``w1`` split by columns, ``w2`` by rows, one
+    all-reduce of the output activation."""
+    checks.axis(mesh, axis_name)
+
+    def block(x, w1, w2):
+        return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, axis_name)
+
+    body = jax.shard_map(block, mesh=mesh, in_specs=(P(), P(None, axis_name), P(axis_name)),
+                         out_specs=P())
+    return jax.jit(body)
+
+
+def pipeline_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
+    """One pipeline tick: each stage sends its activation ``[tokens, d_model]`` to the next."""
+    n = checks.axis(mesh, axis_name)
+
+    def tick(h):
+        return jax.lax.ppermute(h, axis_name, [(i, (i + 1) % n) for i in range(n)])
+
+    body = jax.shard_map(tick, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))
+    return jax.jit(body)

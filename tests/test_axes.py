@@ -1,0 +1,125 @@
+"""Bytes per axis: the formulas, checked by hand and against compiled programs."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+from conftest import mesh_of
+
+from spmd_guide import axes, checks, hlo, moe
+
+TOKENS, D = 32, 16
+
+
+def _bytes(fn, *args) -> dict[str, int]:
+    sent: dict[str, int] = {}
+    for op in hlo.collectives(fn, *args):
+        sent[op.kind] = sent.get(op.kind, 0) + op.bytes_sent
+    return sent
+
+
+@pytest.mark.parametrize("n", [2, 8])
+def test_formulas_equal_compiled_programs(n):
+    x = jnp.ones((TOKENS, D))
+    w = jnp.ones((D, D))
+    mesh = mesh_of(n, ("a",))
+    assert _bytes(axes.data_program(mesh, "a"), w, x) == {
+        "all-reduce": axes.data_bytes(D * D * 4, n)}
+    fsdp = _bytes(axes.fsdp_program(mesh, "a"), w, x)
+    assert sum(fsdp.values()) == axes.fsdp_bytes(D * D * 4, n, gathers=1)
+    assert set(fsdp) == {"all-gather", "reduce-scatter"}
+    w1, w2 = jnp.ones((D, 2 * D)), jnp.ones((2 * D, D))
+    assert _bytes(axes.tensor_program(mesh, "a"), x, w1, w2) == {
+        "all-reduce": axes.tensor_bytes(TOKENS * D * 4, n, all_reduces=1)}
+    assert _bytes(axes.pipeline_program(mesh, "a"), x) == {
+        "collective-permute": axes.pipeline_bytes(TOKENS // n * D * 4, n, sends=1)}
+
+
+def test_traffic_by_hand():
+    model = axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4, bytes_per_value=4)
+    params = 4 * (4 * 64 + 2 * 8 * 32)
+    assert model.dense_params == params and model.expert_params == 0
+    rows = {r.axis: r for r in axes.traffic(model, {"data": 4})}
+    assert rows["data"].bytes_sent == 2 * 3 * params * 4 // 4
+    assert all(r.bytes_sent == 0 and r.ops == 0 for a, r in rows.items() if a != "data")
+    rows = {r.axis: r for r in axes.traffic(model, {"tensor": 2, "pipeline": 2},
+                                            n_microbatches=4)}
+    activation = 16 * 4 * 8 * 4
+    assert rows["tensor"].bytes_sent == 4 * 2 * activation  # 4 all-reduces x 2 layers x 1/1
+    assert rows["pipeline"].bytes_sent == 2 * activation
+    assert rows["pipeline"].ops == 8
+    remat = {r.axis: r.bytes_sent for r in axes.traffic(model, {"fsdp": 4})}["fsdp"]
+    plain = {r.axis: r.bytes_sent for r in axes.traffic(model, {"fsdp": 4}, remat=False)}
+    assert remat == 3 * 3 * params * 4 // 4 and plain["fsdp"] == 2 * 3 * params * 4 // 4
+
+
+def test_expert_row_uses_the_moe_buffer():
+    model = axes.Model(n_layers=2, d_model=8, d_ff=16, batch=8, seq_len=4, n_experts=4,
+                       top_k=2, capacity_factor=1.0, bytes_per_value=4)
+    row = {r.axis: r for r in axes.traffic(model, {"expert": 4})}["expert"]
+    per_layer = moe.all_to_all_bytes(32, 4, top_k=2, n_experts=4, capacity_factor=1.0,
+                                     d_model=8, rule="per_device")
+    dense_grads = axes.data_bytes(model.dense_params * 4, 4)
+    assert row.bytes_sent == 4 * 2 * per_layer + dense_grads
+    assert row.ops == 4 * 2 + 1
+
+
+def test_placement_puts_the_heaviest_axes_inside_a_node():
+    model = axes.Model(n_layers=8, d_model=256, d_ff=1024, batch=64, seq_len=128,
+                       n_experts=8, top_k=2)
+    rows = axes.traffic(model, {"data": 2, "fsdp": 2, "tensor": 4, "expert": 2,
+                                "pipeline": 2}, n_microbatches=4)
+    placement = axes.place_axes(rows, devices_per_node=8)
+    heaviest = max(rows, key=lambda r: r.bytes_sent)
+    assert placement[heaviest.axis] == "fast"
+    fast = [r.size for r in rows if placement[r.axis] == "fast"]
+    assert 8 % jnp.prod(jnp.array(fast)) == 0
+    assert set(axes.place_axes(rows, devices_per_node=1).values()) == {"slow"}
+    seconds = axes.link_seconds(rows, placement, fast_bandwidth=4e11, slow_bandwidth=5e10)
+    slow = axes.link_seconds(rows, dict.fromkeys(placement, "slow"),
+                             fast_bandwidth=4e11, slow_bandwidth=5e10)
+    assert sum(seconds.values()) < sum(slow.values())
+
+
+def test_bad_inputs():
+    model = axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4)
+    cases = [
+        (lambda: axes.traffic(model, {"batch": 2}), checks.InputError, "mesh axis"),
+        (lambda: axes.traffic(model, {"data": 3}), checks.InputError, "divisible"),
+        (lambda: axes.traffic(model, {"pipeline": 3}), checks.InputError, "n_layers"),
+        (lambda: axes.traffic(model, {"data": 0}), checks.InputError, "at least 1"),
+        (lambda: axes.traffic(model, [("data", 2)]), checks.InputTypeError, "sizes"),
+        (lambda: axes.traffic("model", {"data": 2}), checks.InputTypeError, "Model"),
+        (lambda: axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4, top_k=2),
+         checks.InputError, "top_k"),
+        (lambda: axes.place_axes([], devices_per_node=0), checks.InputError, "devices_per"),
+        (lambda: axes.data_program(mesh_of(2, ("a",)), "b"), checks.InputError, "axis"),
+    ]
+    for call, error, word in cases:
+        with pytest.raises(error, match=word):
+            call()
+
+
+def _example():
+    """The model and mesh of book/part8/composing.md."""
+    model = dict(n_layers=32, d_model=4096, d_ff=14336, seq_len=4096, n_experts=8, top_k=2,
+                 capacity_factor=1.25)
+    mesh = {"data": 2, "fsdp": 4, "pipeline": 4, "expert": 2, "tensor": 4}
+    return model, mesh
+
+
+def test_chapter_placement_and_exercises():
+    model, mesh = _example()
+    rows = axes.traffic(axes.Model(batch=256, **model), mesh, n_microbatches=8)
+    placement = axes.place_axes(rows, devices_per_node=8)
+    assert {a for a, link in placement.items() if link == "fast"} == {"tensor", "expert"}
+    # Exercise 1: double the batch.
+    big = {r.axis: r.bytes_sent
+           for r in axes.traffic(axes.Model(batch=512, **model), mesh, n_microbatches=8)}
+    small = {r.axis: r.bytes_sent for r in rows}
+    assert big["pipeline"] == 2 * small["pipeline"] and big["tensor"] == 2 * small["tensor"]
+    assert big["data"] == small["data"] and big["fsdp"] == small["fsdp"]
+    assert 1.9 * small["expert"] < big["expert"] < 2 * small["expert"]
+    # Exercise 2: nodes of 4 devices keep only the tensor axis inside.
+    four = axes.place_axes(rows, devices_per_node=4)
+    assert [a for a, link in four.items() if link == "fast"] == ["tensor"]
