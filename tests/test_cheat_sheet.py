@@ -55,7 +55,7 @@ def test_sheet_matches_the_arrays_the_programs_return(name, k, sizes):
     state = jax.jit(optax.adamw(1e-3).init)(placed)
     assert flat(lay.adam_mu) == _specs(state[0].mu, placed)
     assert lay.mesh_shape == dict(mesh.shape)
-    assert lay.param_bytes_total == sum(4 * (a * b + b) for a, b in zip(sizes, sizes[1:]))
+    assert lay.param_bytes_total == sum(4 * (a * b + b) for a, b in zip(sizes, sizes[1:], strict=False))
     assert lay.param_bytes_per_device == nn.param_bytes_per_device(placed)
 
 
