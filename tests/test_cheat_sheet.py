@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import optax
 import pytest
@@ -108,3 +110,15 @@ def test_spec_text_and_family():
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_notes_follow_the_layouts():
+    dp, fsdp = _layout("dp", 2), _layout("fsdp", 4)
+    text = cs.notes([dp, fsdp])
+    assert "Every strategy gets their gradients back" in text
+    assert "`dp`, `fsdp`" in text and "device 0 only" in text
+    drifting = dataclasses.replace(fsdp, grads=dp.grads)  # pretend fsdp's gradients drift
+    assert "`dp` gets their gradients back in the parameters' own layout; `fsdp` does not" in (
+        cs.notes([dp, drifting]))
+    with pytest.raises(InputError, match="layout"):
+        cs.notes([])

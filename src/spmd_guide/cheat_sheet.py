@@ -287,3 +287,42 @@ def spec_of(sharding: Any, ndim: int) -> P:
     if not isinstance(sharding, NamedSharding):
         raise checks.InputTypeError(f"expected a NamedSharding, got {type(sharding).__name__}.")
     return P(*(list(sharding.spec) + [None] * (ndim - len(sharding.spec))))
+
+
+def _names(layouts: Sequence[Layout]) -> str:
+    return ", ".join(f"`{lay.strategy}`" for lay in layouts)
+
+
+def notes(layouts: Sequence[Layout]) -> str:
+    """Sentences (Markdown) on what the sheet shows about drift: gradients, updated
+    parameters and AdamW's state that come out in another layout than the parameters'.
+
+    The page glues these rather than typing them, so they stay true as the strategies change.
+    """
+    if not layouts:
+        raise checks.InputError("notes needs at least one layout, got none.")
+    sentences = []
+    for attribute, what in (
+        ("grads_match_params", "their gradients"),
+        ("step_keeps_layout", "the parameters after one SGD step"),
+    ):
+        kept = [lay for lay in layouts if getattr(lay, attribute)]
+        drift = [lay for lay in layouts if not getattr(lay, attribute)]
+        if not drift:
+            sentences.append(f"Every strategy gets {what} back in the parameters' own layout.")
+        else:
+            sentences.append(
+                f"{_names(kept) or 'No strategy'} get{'s' if len(kept) == 1 else ''} {what} "
+                f"back in the parameters' own layout; {_names(drift)} "
+                f"{'does' if len(drift) == 1 else 'do'} not, and a training step built on "
+                f"{'it' if len(drift) == 1 else 'them'} should pin the layout "
+                "(`out_shardings`) or pay a reshard.")
+    adam = [lay for lay in layouts if not lay.adam_matches_params]
+    if adam:
+        where = sorted({s for lay in adam for pair in lay.adam_mu for s in pair})
+        sentences.append(
+            f"AdamW's state initialised under a bare `jax.jit` is *not* laid out like the "
+            f"parameters for {_names(adam)}: it lands as {', '.join(where)}.")
+    else:
+        sentences.append("AdamW's state initialised under `jax.jit` follows the parameters.")
+    return " ".join(sentences)
