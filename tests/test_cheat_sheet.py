@@ -70,6 +70,10 @@ def test_layouts_the_strategies_promise():
     assert set(fsdp.params) == {("P('batch', None)", "P('batch')")}
     assert fsdp.param_bytes_per_device * 4 == fsdp.param_bytes_total == dp.param_bytes_per_device
     assert dp.grads_match_params and dp.step_keeps_layout
+    for part, columns in cs.COLUMNS.items():
+        table = cs.sheet_table([dp, fsdp], part=part)
+        assert table.headers == list(columns) and table.rows[1]["strategy"].startswith("fsdp")
+    assert "P('batch', None)" in str(cs.sheet_table([fsdp]))
     assert dp.collective_counts["all-reduce"] >= 1 and fsdp.collective_counts["all-gather"] >= 1
     # AdamW's state initialised under a bare jit lands on one device, whatever the params
     assert set(fsdp.adam_mu) == {("device 0 only", "device 0 only")}
@@ -103,6 +107,7 @@ def test_spec_text_and_family():
     (lambda: cs.cheat_sheet(["dp"], layer_sizes=[8]), InputError, "layer_sizes"),
     (lambda: cs.cheat_sheet(["dp"], batch_size=0), InputError, "batch_size"),
     (lambda: cs.sheet_table([]), InputError, "layout"),
+    (lambda: cs.sheet_table([_layout("dp", 2)], part="all"), InputError, "part"),
     (lambda: cs.adam_state_shardings(_model()[0], how="lazy"), InputError, "how"),
     (lambda: cs.spec_of("P()", 1), TypeError, "NamedSharding"),
     (lambda: cs.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),

@@ -275,11 +275,26 @@ def cheat_sheet(
     return [layout(n, params, batch, devices=devices) for n in names]
 
 
-def sheet_table(layouts: Sequence[Layout]) -> Table:
-    """The sheet as a :class:`spmd_guide.display.Table`, one row per strategy."""
+#: The columns of each half of the sheet (a whole row is too wide for a phone).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "layout": ("strategy", "mesh", "x, y", "W", "b", "activations"),
+    "step": ("strategy", "grad W", "AdamW mu, nu (W)", "params / device",
+             "collectives / step", "sent / step"),
+}
+
+
+def sheet_table(layouts: Sequence[Layout], *, part: str | None = None) -> Table:
+    """The sheet as a :class:`spmd_guide.display.Table`, one row per strategy.
+
+    ``part="layout"``: where the batch, parameters and activations live; ``part="step"``:
+    gradients, optimizer state, memory and collectives; ``None``: every column.
+    """
     if not layouts:
         raise checks.InputError("sheet_table needs at least one layout, got none.")
-    return Table([lay.row() for lay in layouts])
+    if part is None:
+        return Table([lay.row() for lay in layouts])
+    columns = COLUMNS[checks.one_of("part", part, COLUMNS)]
+    return Table([{c: lay.row()[c] for c in columns} for lay in layouts])
 
 
 def spec_of(sharding: Any, ndim: int) -> P:
