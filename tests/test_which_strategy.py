@@ -31,6 +31,12 @@ def test_recommend(params, batch, answer, mesh):
         assert rec.batch_per_device == batch / mesh["data"]
 
 
+def test_page_exercise():
+    rec = ws.recommend(12 * 10**9, 16 * GIB, batch=32, n_devices=8)
+    assert rec.answer == "FSDP" and rec.mesh == {"data": 8} and rec.batch_per_device == 4
+    assert rec.state_bytes > rec.budget_bytes >= rec.state_bytes_per_device
+
+
 def test_budget_and_optimizer_slots_move_the_line():
     # 12 GB of params with plain SGD (2x) fits 40 GiB; with AdamW (4x) it does not.
     assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8, optimizer_slots=0).answer == "DP"
@@ -68,8 +74,8 @@ def test_data_axis_size():
 
 
 def test_measured_traffic():
-    rows = ws.measure_traffic(["dp", "tp"], layer_sizes=[8, 16, 8], batch_sizes=[8, 32],
-                              devices=DEVICES[:4])
+    rows = ws.measure_traffic(["dp", "fsdp", "tp"], layer_sizes=[8, 16, 8],
+                              batch_sizes=[8, 32], devices=DEVICES[:4])
     by = {(r.strategy, r.batch): r for r in rows}
     total = 4 * (8 * 16 + 16 + 16 * 8 + 8)
     # DP: one all-reduce of every gradient, 2 (n-1)/n of the parameter bytes, whatever the batch
@@ -79,6 +85,9 @@ def test_measured_traffic():
     # TP moves activations: more batch, more bytes; params split 4 ways
     assert by["tp", 32].bytes_sent > by["tp", 8].bytes_sent
     assert by["tp", 8].param_bytes_per_device * 4 == total
+    # FSDP: all-gather + reduce-scatter = one all-reduce's bytes (the which-strategy page says so)
+    assert by["fsdp", 8].bytes_sent == pytest.approx(by["dp", 8].bytes_sent, rel=0.02)
+    assert by["fsdp", 8].param_bytes_per_device * 4 == total
     assert by["dp", 8].row()["sent / param bytes"] == f"{by['dp', 8].bytes_sent / total:.2f}"
 
 
