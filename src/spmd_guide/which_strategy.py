@@ -184,8 +184,11 @@ def flowchart_html(recommendation: Recommendation | None = None) -> str:
         visited.add(node)
 
     def label(node: str) -> str:
-        question = "batch" if node.startswith("batch") else node
-        return QUESTIONS[question] if node in flow else ANSWERS[node][0]
+        if node == "batch_dp":
+            return "(Parameters replicated.) " + QUESTIONS["batch"]
+        if node == "batch_fsdp":
+            return "(Parameters sharded.) " + QUESTIONS["batch"]
+        return QUESTIONS[node]
 
     steps = {"fits": 1, "fits_sharded": 2, "batch_dp": 3, "batch_fsdp": 4}
     out = ['<div class="spmd-flowchart" role="figure" aria-label="Which strategy when: '
