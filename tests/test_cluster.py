@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -40,12 +42,19 @@ def test_detect():
     five = {k: v for k, v in OMPI4.items() if k != "OMPI_MCA_orte_hnp_uri"}
     assert cluster.detect(five) == dict.fromkeys(
         ("cluster", "coordinator_address", "num_processes", "process_id", "local_device_ids"))
-    import os
     assert "SLURM_NTASKS" not in os.environ  # the environment is restored
 
 
+def test_multihost_page_exercise():
+    """Two tasks per node under SLURM: each task is given one device (its local rank)."""
+    env = dict(SLURM, SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1")
+    assert cluster.detect(env)["local_device_ids"] == [1]
+    mesh, _ = cluster.hybrid_mesh((1, 2), (4, 1), ("data", "fsdp"), slices=4)
+    assert mesh.devices.shape == (4, 2)
+
+
 @pytest.mark.parametrize(("inner", "outer", "slices"), [((1, 4), (2, 1), 2), ((2, 2), (2, 1), 2),
-                                                         ((1, 2), (2, 1), 2), ((2,), (4,), 4)])
+                                                         ((1, 2), (4, 1), 4), ((2,), (4,), 4)])
 def test_hybrid_mesh(inner, outer, slices):
     names = ("data", "model")[: len(inner)]
     mesh, slice_of = cluster.hybrid_mesh(inner, outer, names, slices=slices)
