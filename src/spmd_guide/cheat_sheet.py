@@ -335,9 +335,10 @@ def notes(layouts: Sequence[Layout]) -> str:
     adam = [lay for lay in layouts if not lay.adam_matches_params]
     if adam:
         where = sorted({s for lay in adam for pair in lay.adam_mu for s in pair})
+        who = "any strategy" if len(adam) == len(layouts) else _names(adam)
         sentences.append(
             f"AdamW's state initialised under a bare `jax.jit` is *not* laid out like the "
-            f"parameters for {_names(adam)}: it lands as {', '.join(where)}.")
+            f"parameters for {who}: it lands as {', '.join(where)}.")
     else:
         sentences.append("AdamW's state initialised under `jax.jit` follows the parameters.")
     return " ".join(sentences)
