@@ -74,13 +74,15 @@ def test_data_axis_size():
 
 
 def test_measured_traffic():
-    rows = ws.measure_traffic(["dp", "fsdp", "tp"], layer_sizes=[8, 16, 8],
-                              batch_sizes=[8, 32], devices=DEVICES[:4])
+    sizes, devices = [8, 8], DEVICES[:4]
+    rows = ws.measure_traffic(["dp", "tp"], layer_sizes=sizes, batch_sizes=[8, 32],
+                              devices=devices)
+    rows += ws.measure_traffic(["fsdp"], layer_sizes=sizes, batch_sizes=[8], devices=devices)
     by = {(r.strategy, r.batch): r for r in rows}
-    total = 4 * (8 * 16 + 16 + 16 * 8 + 8)
+    total = 4 * (8 * 8 + 8)
     # DP: one all-reduce of every gradient, 2 (n-1)/n of the parameter bytes, whatever the batch
     assert by["dp", 8].bytes_sent == by["dp", 32].bytes_sent
-    assert by["dp", 8].bytes_sent == pytest.approx(2 * 3 * total / 4, rel=0.01)  # + the loss
+    assert by["dp", 8].bytes_sent == pytest.approx(2 * 3 * total / 4, rel=0.02)  # + the loss
     assert by["dp", 8].param_bytes_per_device == total == by["dp", 8].param_bytes
     # TP moves activations: more batch, more bytes; params split 4 ways
     assert by["tp", 32].bytes_sent > by["tp", 8].bytes_sent

@@ -20,7 +20,8 @@ Only the public face of a strategy is used (``name``, ``kind``, ``summary``, ``a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,6 +166,21 @@ def _pairs(shardings: Sequence[tuple[Any, Any]], params: nn.Params) -> tuple[tup
     )
 
 
+@functools.cache
+def gradient_program(loss: nn.LossFn) -> Callable[..., Any]:
+    """``jax.jit(jax.grad(loss))``, one per loss function, so asking again compiles nothing."""
+    return jax.jit(jax.grad(loss))
+
+
+@functools.cache
+def adamw() -> Any:
+    """The optimizer the sheet lays out: ``optax.adamw(1e-3)`` (one object, so its ``init``
+    compiles once per layout)."""
+    import optax
+
+    return optax.adamw(1e-3)
+
+
 def _adam_moments(state: Any) -> tuple[Any, Any]:
     """``(mu, nu)`` of an ``optax.adamw`` state (a chain whose first part is Adam's state)."""
     adam = next(part for part in state if hasattr(part, "mu"))
@@ -178,10 +194,8 @@ def adam_state_shardings(params: nn.Params, *, how: str = "jit") -> tuple[Any, A
     ``"eager"``: ``optimizer.init(params)`` run op by op. ``"pinned"``: ``jax.jit`` with
     ``out_shardings`` taken from the parameters (:func:`pinned_init`).
     """
-    import optax
-
     checks.one_of("how", how, ("jit", "eager", "pinned"))
-    optimizer = optax.adamw(1e-3)
+    optimizer = adamw()
     if how == "eager":
         state = optimizer.init(params)
         return _adam_moments(jax.tree.map(lambda a: a.sharding, state))
@@ -225,7 +239,7 @@ def layout(
     x = placed_batch[0]
 
     acts = jax.jit(nn.layer_outputs).lower(placed, x).compile().output_shardings
-    grads = jax.jit(jax.grad(loss)).lower(placed, placed_batch).compile().output_shardings
+    grads = gradient_program(loss).lower(placed, placed_batch).compile().output_shardings
     step = nn.make_sgd_step(loss, learning_rate=learning_rate)
     compiled_step = hlo.compile(step, placed, placed_batch)
     updated, _ = compiled_step.output_shardings
