@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide import cheat_sheet as cs
 from spmd_guide import nn
-from spmd_guide.checks import InputError
+from spmd_guide.checks import InputError, InputTypeError
 
 SIZES = [8, 16, 8]
 _LAYOUTS: dict = {}
@@ -110,6 +110,7 @@ def test_spec_text_and_family():
     (lambda: cs.sheet_table([_layout("dp", 2, (8, 8))], part="all"), InputError, "part"),
     (lambda: cs.adam_state_shardings(_model()[0], how="lazy"), InputError, "how"),
     (lambda: cs.spec_of("P()", 1), TypeError, "NamedSharding"),
+    (lambda: cs.pinned_init(cs.adamw(), _model()[0]), InputTypeError, "NamedSharding"),
     (lambda: cs.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),
 ])
 def test_bad_input(call, error, word):

@@ -212,6 +212,10 @@ def pinned_init(optimizer: Any, params: nn.Params) -> Any:
     import optax
 
     leaves = checks.array_tree("params", params)
+    if not all(isinstance(getattr(leaf, "sharding", None), NamedSharding) for leaf in leaves):
+        raise checks.InputTypeError(
+            "pinned_init needs params placed with NamedShardings on one mesh (as a strategy's "
+            "shard() makes them); place them first, e.g. with jax.device_put(params, shardings).")
     mesh = leaves[0].sharding.mesh
     shapes = jax.eval_shape(optimizer.init, params)
     shardings = optax.tree_map_params(
