@@ -25,7 +25,9 @@ def test_recommend(params, batch, answer, mesh):
     rec = ws.recommend(params, 80 * GIB, batch=batch, n_devices=8)
     assert rec.answer == answer and rec.mesh == mesh
     assert rec.state_bytes == 4 * params  # params + grads + AdamW's mu and nu
-    assert rec.title in rec.explain() and "Yes" in rec.explain() or answer == "none"
+    words = " ".join(rec.explain().split())
+    assert rec.title in words and ("Yes" in words or answer == "none")
+    assert max(len(line) for line in rec.explain().splitlines()) <= 76
     if mesh:
         assert rec.state_bytes_per_device <= rec.budget_bytes
         assert rec.batch_per_device == batch / mesh["data"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import jax
 
 from spmd_guide import checks, hlo, nn
+from spmd_guide.display import wrap
 
 #: Bytes of training state per byte of parameters, before the optimizer: the parameters
 #: themselves and their gradients.
@@ -86,7 +87,8 @@ class Recommendation:
         return ANSWERS[self.answer][1]
 
     def explain(self) -> str:
-        """The recommendation in sentences: each question, its answer and the numbers."""
+        """The recommendation in sentences (wrapped to 76 columns): each question, its answer
+        and the numbers."""
         lines = []
         for question, yes in self.path:
             lines.append(f"{QUESTIONS[question]} {'Yes' if yes else 'No'}.")
@@ -97,7 +99,7 @@ class Recommendation:
             f"budget {hlo.format_bytes(self.budget_bytes)} per device; "
             f"examples per device: {self.batch_per_device:g}.")
         lines.append(f"-> {self.title}, mesh {mesh} (in this book: {self.book_strategies}).")
-        return "\n".join(lines)
+        return wrap("\n".join(lines))
 
 
 def recommend(
