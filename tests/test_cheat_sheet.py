@@ -1,54 +1,130 @@
-"""The cheat sheet against the shardings the strategies really produce."""
+"""The cheat sheet against the shardings the strategies' programs really produce."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
-import optax
 import pytest
 from conftest import DEVICES
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from spmd_guide import cheat_sheet, checks, nn
+from spmd_guide import cheat_sheet as cs
+from spmd_guide import nn
+from spmd_guide.checks import InputError, InputTypeError
 
-SIZES = [8, 32, 32, 8]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return (nn.init_mlp(jax.random.key(0), SIZES),
-            nn.make_regression_batch(jax.random.key(1), 16, SIZES[0], SIZES[-1]))
+SIZES = [8, 16, 8]
+_LAYOUTS: dict = {}
 
 
-@pytest.mark.parametrize(("name", "k"), [("fsdp", 8), ("auto_dp_tp", 4)])
-def test_entries_are_the_layouts_the_strategy_produces(model, name, k):
-    params, batch = model
-    entry = cheat_sheet.entry(name, params, batch, devices=DEVICES[:k])
+def _model(batch_size: int = 16, sizes=tuple(SIZES)):
+    params = nn.init_mlp(jax.random.key(0), sizes)
+    batch = nn.make_regression_batch(jax.random.key(1), batch_size, sizes[0], sizes[-1])
+    return params, batch
+
+
+def _layout(name, k, sizes=tuple(SIZES)):
+    """One layout per (strategy, devices, sizes), computed once for the module."""
+    if (name, k, sizes) not in _LAYOUTS:
+        _LAYOUTS[name, k, sizes] = cs.layout(name, *_model(sizes=sizes), devices=DEVICES[:k])
+    return _LAYOUTS[name, k, sizes]
+
+
+def _specs(tree, leaves_like):
+    return [cs.spec_text(a.sharding, a.ndim) for a in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize(("name", "k", "sizes"), [
+    ("fsdp", 4, tuple(SIZES)), ("auto_dp_tp", 4, (8, 16, 16, 8)), ("dp", 2, (8, 8))])
+def test_sheet_matches_the_arrays_the_programs_return(name, k, sizes):
+    params, batch = _model(sizes=sizes)
+    lay = _layout(name, k, sizes)
     strategy = nn.STRATEGIES[name]
     mesh = strategy.mesh(DEVICES[:k])
-    placed, _ = strategy.shard(params, batch, mesh)
-    assert entry.weights == tuple(cheat_sheet.spec_of(w) for w, _ in placed)
-    assert entry.gradients == entry.weights  # the strategies pin their gradients
-    assert entry.optimizer_state == entry.weights  # the pinned AdamW state
-    assert entry.param_bytes == nn.param_bytes_per_device(placed)
-    assert "P" in str(cheat_sheet.table([entry]))
+    placed, placed_batch = strategy.shard(params, batch, mesh)
+    loss = strategy.loss(mesh)
+    flat = lambda pairs: [s for pair in pairs for s in pair]  # noqa: E731
+    # run the programs and read the arrays they return
+    assert flat(lay.params) == _specs(placed, placed)
+    assert lay.batch == cs.spec_text(placed_batch[0].sharding, 2)
+    assert flat(lay.grads) == _specs(cs.gradient_program(loss)(placed, placed_batch), placed)
+    new_params, _ = nn.make_sgd_step(loss, learning_rate=0.01)(placed, placed_batch)
+    assert flat(lay.updated) == _specs(new_params, placed)
+    assert list(lay.activations) == _specs(jax.jit(nn.layer_outputs)(placed, placed_batch[0]),
+                                          None)
+    state = jax.jit(cs.adamw().init)(placed)
+    assert flat(lay.adam_mu) == _specs(state[0].mu, placed)
+    assert lay.mesh_shape == dict(mesh.shape)
+    assert lay.param_bytes_total == sum(4 * (a * b + b) for a, b in zip(sizes, sizes[1:], strict=False))
+    assert lay.param_bytes_per_device == nn.param_bytes_per_device(placed)
 
 
-def test_optimizer_state_shardings_pin_mu_nu_and_replicate_the_count(model):
-    params, batch = model
-    strategy = nn.STRATEGIES["fsdp"]
-    mesh = strategy.mesh(DEVICES)
-    placed, _ = strategy.shard(params, batch, mesh)
-    optimizer = optax.adamw(1e-3)
-    state = jax.jit(optimizer.init, out_shardings=cheat_sheet.optimizer_state_shardings(
-        optimizer, placed, mesh))(placed)
-    for mu, param in zip(jax.tree.leaves(state[0].mu), jax.tree.leaves(placed), strict=True):
-        assert mu.sharding.is_equivalent_to(param.sharding, param.ndim)
-    assert state[0].count.sharding.is_fully_replicated and len(state[0].count.sharding.device_set) == 8
-    unpinned = jax.jit(optimizer.init)(placed)
-    assert len(unpinned[0].mu[0][0].sharding.device_set) == 1  # the cheat sheet's warning
+def test_layouts_the_strategies_promise():
+    params, batch = _model()
+    dp = _layout("dp", 2, (8, 8))
+    fsdp = _layout("fsdp", 4)
+    assert dp.family == "DP" and fsdp.family == "FSDP"
+    assert set(dp.params) == {("P()", "P()")} and dp.batch == "P('batch', None)"
+    assert set(fsdp.params) == {("P('batch', None)", "P('batch')")}
+    assert fsdp.param_bytes_per_device * 4 == fsdp.param_bytes_total
+    assert dp.param_bytes_per_device == dp.param_bytes_total
+    assert dp.grads_match_params and dp.step_keeps_layout
+    for part, columns in cs.COLUMNS.items():
+        table = cs.sheet_table([dp, fsdp], part=part)
+        assert table.headers == list(columns) and table.rows[1]["strategy"].startswith("fsdp")
+    assert "P('batch', None)" in str(cs.sheet_table([fsdp]))
+    assert dp.collective_counts["all-reduce"] >= 1 and fsdp.collective_counts["all-gather"] >= 1
+    # AdamW's state initialised under a bare jit lands on one device, whatever the params
+    assert set(fsdp.adam_mu) == {("device 0 only", "device 0 only")}
+    assert not fsdp.adam_matches_params
+    placed, _ = nn.STRATEGIES["fsdp"].shard(params, batch, nn.STRATEGIES["fsdp"].mesh(DEVICES[:4]))
+    for how in ("eager", "pinned"):
+        mu, nu = cs.adam_state_shardings(placed, how=how)
+        assert cs._pairs(mu, placed) == cs._pairs(nu, placed) == fsdp.params
+    pinned = cs.pinned_init(cs.adamw(), placed)(placed)
+    assert [a.sharding for a in jax.tree.leaves(pinned[0].mu)] == [
+        a.sharding for a in jax.tree.leaves(placed)]
 
 
-def test_bad_input(model):
-    with pytest.raises(checks.InputError, match="unknown strategy"):
-        cheat_sheet.cheat_sheet(["nope"], *model)
-    with pytest.raises(checks.InputError, match="at least one"):
-        cheat_sheet.table([])
+def test_spec_text_and_family():
+    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=DEVICES[:4])
+    assert cs.spec_text(NamedSharding(mesh, P("a")), 2) == "P('a', None)"
+    assert cs.spec_text(NamedSharding(mesh, P()), 3) == "P()"
+    assert cs.spec_text(NamedSharding(mesh, P(("a", "b"), None)), 2) == "P(('a', 'b'), None)"
+    assert cs.spec_text(jax.sharding.SingleDeviceSharding(DEVICES[3]), 1) == "device 3 only"
+    assert cs.spec_of(NamedSharding(mesh, P("a")), 2) == P("a", None)
+    assert cs.family({"batch": 8}, "P('batch', None)", ["P()"]) == "DP"
+    assert cs.family({"batch": 8}, "P('batch', None)", ["P('batch', None)"]) == "FSDP"
+    assert cs.family({"model": 8}, "P(None, 'model')", ["P('model', None)"]) == "TP"
+    assert cs.family({"d": 4, "m": 2}, "P('d', None)", ["P()"]) == "2-D"
+    assert cs.per_layer(["P()"] * 3) == "P()"
+    assert cs.per_layer(["P()", "X", "X", "P()"]) == "L0: P()\nL1-2: X\nL3: P()"
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: cs.layout("zero", *_model()), InputError, "strategy"),
+    (lambda: cs.cheat_sheet(["dp"], layer_sizes=[8]), InputError, "layer_sizes"),
+    (lambda: cs.cheat_sheet(["dp"], batch_size=0), InputError, "batch_size"),
+    (lambda: cs.sheet_table([]), InputError, "layout"),
+    (lambda: cs.sheet_table([_layout("dp", 2, (8, 8))], part="all"), InputError, "part"),
+    (lambda: cs.adam_state_shardings(_model()[0], how="lazy"), InputError, "how"),
+    (lambda: cs.spec_of("P()", 1), TypeError, "NamedSharding"),
+    (lambda: cs.pinned_init(cs.adamw(), _model()[0]), InputTypeError, "NamedSharding"),
+    (lambda: cs.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),
+])
+def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_notes_follow_the_layouts():
+    dp, fsdp = _layout("dp", 2, (8, 8)), _layout("fsdp", 4)
+    text = cs.notes([dp, fsdp])
+    assert "Every strategy gets their gradients back" in text
+    assert "for any strategy: it lands as device 0 only" in text
+    drifting = dataclasses.replace(fsdp, grads=dp.grads)  # pretend fsdp's gradients drift
+    assert "`dp` gets their gradients back in the parameters' own layout; `fsdp` does not" in (
+        cs.notes([dp, drifting]))
+    with pytest.raises(InputError, match="layout"):
+        cs.notes([])

@@ -1,119 +1,362 @@
-"""The PartitionSpec cheat sheet of Part IV, read off the strategies themselves.
+"""The PartitionSpec cheat sheet of Part IV, read from what the strategies' compiled programs produce.
 
-For each strategy: where the weights, the activations, the gradients and the AdamW optimizer
-state live, how many bytes of parameters a device stores, and which collectives one training
-step holds. Nothing is typed: every spec is read from arrays that the strategy placed or
-that a compiled program produced, so the sheet stays true when a strategy changes.
+Nothing here is typed by hand: for each strategy of :data:`spmd_guide.nn.STRATEGIES` the sheet
+places a model with the strategy's own ``shard``, compiles the programs a training step is made
+of, and reads back the layouts of what they return:
+
+* weights, biases and the batch: the ``.sharding`` of the arrays ``shard`` made;
+* activations: the output shardings of ``jax.jit(nn.layer_outputs)`` on those arrays (the
+  layout the partitioner picks for each layer's output from this placement);
+* gradients: the output shardings of ``jax.jit(jax.grad(loss))``;
+* parameters after one SGD step: the output shardings of ``nn.make_sgd_step(loss)``;
+* optimizer state: the output shardings of ``jax.jit(optax.adamw(...).init)`` on the placed
+  parameters (AdamW's first and second moments ``mu`` and ``nu``);
+* memory and traffic: parameter bytes per device from the arrays' shards, collectives and
+  bytes sent per step from the compiled SGD step (:func:`spmd_guide.hlo.report`).
+
+Only the public face of a strategy is used (``name``, ``kind``, ``summary``, ``axis_names``,
+``mesh``, ``shard``, ``loss``), so the sheet follows the strategies wherever they change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
-import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo
+from spmd_guide import checks, hlo, nn
 from spmd_guide.display import Table
-from spmd_guide.mlp import Batch, Params, layer_outputs, param_bytes_per_device
-from spmd_guide.strategies import STRATEGIES, Strategy
+
+#: The strategies the sheet covers, in the order it lists them: by family, manual before auto.
+SHEET_STRATEGIES: tuple[str, ...] = (
+    "dp", "auto_dp", "fsdp", "auto_fsdp", "tp", "auto_dp_tp", "auto_2d",
+)
+
+#: The model and batch the sheet is computed on unless told otherwise (small, divides by 8).
+DEFAULT_LAYER_SIZES: tuple[int, ...] = (16, 64, 64, 64, 16)
+DEFAULT_BATCH_SIZE = 64
 
 
-def spec_of(array: Any) -> str:
-    """The PartitionSpec of an array's sharding as text, ``P()`` when fully replicated."""
-    sharding = array.sharding
-    if sharding.is_fully_replicated:
-        return "P()"
-    spec = getattr(sharding, "spec", None)
-    return str(spec) if spec is not None else type(sharding).__name__
+def spec_text(sharding: Any, ndim: int) -> str:
+    """``"P('batch', None)"``: the PartitionSpec of ``sharding`` written out for all ``ndim`` dims.
 
-
-def optimizer_state_shardings(optimizer: optax.GradientTransformation, params: Params,
-                              mesh: Mesh) -> Any:
-    """Shardings for ``optimizer.init(params)``: every parameter-shaped leaf (AdamW's ``mu``
-    and ``nu``) like its parameter, everything else (the step count) replicated on ``mesh``.
-
-    Pass them as ``out_shardings`` to ``jax.jit(optimizer.init)`` and to the training step:
-    unpinned, ``jax.jit(optimizer.init)`` puts the whole state on one device, since zeros
-    depend on no input's layout.
+    Trailing ``None`` entries are filled in, so equal layouts always read the same; a fully
+    replicated layout reads ``P()``; everything on one device reads ``"device 0 only"``. Any other
+    sharding is shown as JAX prints it.
     """
-    checks.mesh("mesh", mesh)
-    abstract = jax.eval_shape(optimizer.init, params)
-    return optax.tree_utils.tree_map_params(
-        optimizer, lambda _, param: param.sharding, abstract, params,
-        transform_non_params=lambda _: NamedSharding(mesh, PartitionSpec()))
+    if isinstance(sharding, SingleDeviceSharding):
+        (device,) = sharding.device_set
+        return f"device {device.id} only"
+    if not isinstance(sharding, NamedSharding):
+        return str(sharding)
+    entries = list(sharding.spec) + [None] * (ndim - len(sharding.spec))
+    if all(e is None for e in entries):
+        return "P()"
+
+    def one(entry: Any) -> str:
+        axes = checks.spec_axes(entry)
+        if not axes:
+            return "None"
+        if len(axes) == 1:
+            return repr(axes[0])
+        return "(" + ", ".join(repr(a) for a in axes) + ")"
+
+    return "P(" + ", ".join(one(e) for e in entries) + ")"
+
+
+def family(mesh_shape: dict[str, int], batch_spec: str, weight_specs: Sequence[str]) -> str:
+    """Which parallelism a layout is, read from the layout itself.
+
+    Two mesh axes of size > 1: ``"2-D"``. One: ``"DP"`` if the weights are replicated and the
+    batch split, ``"FSDP"`` if weights and batch are split over the same axis, ``"TP"`` if the
+    weights are split and the batch's rows are not.
+    """
+    used = [a for a, n in mesh_shape.items() if n > 1]
+    if len(used) > 1:
+        return "2-D"
+    weights_split = any(s != "P()" for s in weight_specs)
+    rows_split = batch_spec.startswith("P('") or batch_spec.startswith("P((")
+    if not weights_split:
+        return "DP" if rows_split else "replicated"
+    return "FSDP" if rows_split else "TP"
 
 
 @dataclass(frozen=True)
-class Entry:
-    """One strategy's row of the cheat sheet (specs as text, one per layer where it varies)."""
+class Layout:
+    """Where everything of one strategy lives, per layer, as PartitionSpec text.
+
+    Each ``*_specs`` field holds one ``(W spec, b spec)`` pair per layer; ``activations`` one
+    spec per layer output. ``adam_mu``/``adam_nu`` are AdamW's moment estimates.
+    """
 
     strategy: str
     kind: str
-    mesh: str
-    weights: tuple[str, ...]
+    family: str
+    summary: str
+    mesh_shape: dict[str, int]
+    batch: str
+    params: tuple[tuple[str, str], ...]
     activations: tuple[str, ...]
-    gradients: tuple[str, ...]
-    optimizer_state: tuple[str, ...]
-    param_bytes: int
-    collectives: str
+    grads: tuple[tuple[str, str], ...]
+    updated: tuple[tuple[str, str], ...]
+    adam_mu: tuple[tuple[str, str], ...]
+    adam_nu: tuple[tuple[str, str], ...]
+    param_bytes_per_device: int
+    param_bytes_total: int
+    collective_counts: dict[str, int]
+    bytes_sent: int
+
+    @property
+    def grads_match_params(self) -> bool:
+        """Whether every gradient comes out in its parameter's layout."""
+        return self.grads == self.params
+
+    @property
+    def step_keeps_layout(self) -> bool:
+        """Whether one SGD step returns every parameter in the layout it came in with."""
+        return self.updated == self.params
+
+    @property
+    def adam_matches_params(self) -> bool:
+        """Whether AdamW's state, initialised under ``jit``, is laid out like the parameters."""
+        return self.adam_mu == self.params and self.adam_nu == self.params
 
     def row(self) -> dict[str, str]:
-        def lines(specs: tuple[str, ...]) -> str:
-            return "\n".join(f"{i}: {s}" for i, s in enumerate(specs))
+        """One table row: every layout as per-layer text, memory and traffic per device."""
+        used = ", ".join(f"{n} {k}" for k, n in self.collective_counts.items() if n) or "none"
+        mesh = " x ".join(f"{a}={n}" for a, n in self.mesh_shape.items())
+        return {
+            "strategy": f"{self.strategy}\n({self.family}, {self.kind})",
+            "mesh": mesh,
+            "x, y": self.batch,
+            "W": per_layer([w for w, _ in self.params]),
+            "b": per_layer([b for _, b in self.params]),
+            "activations": per_layer(list(self.activations)),
+            "grad W": per_layer([w for w, _ in self.grads]),
+            "AdamW mu, nu (W)": per_layer([w for w, _ in self.adam_mu]),
+            "params / device": f"{hlo.format_bytes(self.param_bytes_per_device)}\n"
+                               f"of {hlo.format_bytes(self.param_bytes_total)}",
+            "collectives / step": used.replace(", ", "\n"),
+            "sent / step": hlo.format_bytes(self.bytes_sent),
+        }
 
-        return {"strategy": self.strategy, "mesh": self.mesh,
-                "weights W_i": lines(self.weights), "activations": lines(self.activations),
-                "gradients dW_i": lines(self.gradients),
-                "AdamW mu, nu (pinned)": lines(self.optimizer_state),
-                "params per device": hlo.format_bytes(self.param_bytes),
-                "collectives per step": self.collectives}
+
+def per_layer(specs: Sequence[str]) -> str:
+    """One spec if every layer has it, else ``"L0: ..."`` lines grouping equal neighbours."""
+    if len(set(specs)) == 1:
+        return specs[0]
+    lines, start = [], 0
+    for i in range(1, len(specs) + 1):
+        if i == len(specs) or specs[i] != specs[start]:
+            label = f"L{start}" if i - start == 1 else f"L{start}-{i - 1}"
+            lines.append(f"{label}: {specs[start]}")
+            start = i
+    return "\n".join(lines)
 
 
-def entry(strategy: Strategy | str, params: Params, batch: Batch, *,
-          devices: Sequence[jax.Device] | None = None) -> Entry:
-    """The cheat-sheet row of ``strategy`` for this model and batch on ``devices``."""
-    if isinstance(strategy, str):
-        strategy = STRATEGIES[checks.one_of("strategy", strategy, sorted(STRATEGIES))]
-    mesh = strategy.mesh(devices)
-    placed, placed_batch = strategy.shard(params, batch, mesh)
-    loss = strategy.loss(mesh)
-    grads = jax.jit(jax.grad(loss))(placed, placed_batch)
-    optimizer = optax.adamw(1e-3)
-    state = jax.jit(optimizer.init, out_shardings=optimizer_state_shardings(
-        optimizer, placed, mesh))(placed)
-    mu = state[0].mu  # ScaleByAdamState: the first moment, shaped like the parameters
-    if strategy.kind == "jit":  # where the compiler put each layer's output
-        outputs = jax.jit(layer_outputs)(placed, placed_batch[0])
-        activations = tuple(spec_of(out) for out in outputs)
-    else:  # inside shard_map every activation is laid out like the batch
-        activations = (str(strategy.batch_spec()),) * len(params)
-    step = strategy.sgd_step(mesh, placed, learning_rate=0.01)
-    counts = hlo.collective_counts(step, placed, placed_batch)
-    return Entry(
-        strategy=strategy.name, kind=strategy.kind,
-        mesh=" x ".join(f"{name}={size}" for name, size in mesh.shape.items()),
-        weights=tuple(spec_of(w) for w, _ in placed),
-        activations=activations,
-        gradients=tuple(spec_of(g) for g, _ in grads),
-        optimizer_state=tuple(spec_of(m) for m, _ in mu),
-        param_bytes=param_bytes_per_device(placed),
-        collectives=", ".join(f"{n} {kind}" for kind, n in counts.items() if n) or "none",
+def _pairs(shardings: Sequence[tuple[Any, Any]], params: nn.Params) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (spec_text(ws, w.ndim), spec_text(bs, b.ndim))
+        for (ws, bs), (w, b) in zip(shardings, params, strict=True)
     )
 
 
-def cheat_sheet(names: Sequence[str], params: Params, batch: Batch, *,
-                devices: Sequence[jax.Device] | None = None) -> list[Entry]:
-    """:func:`entry` for each strategy in ``names``."""
-    strategies = [checks.one_of("strategy", n, sorted(STRATEGIES)) for n in names]
-    return [entry(n, params, batch, devices=devices) for n in strategies]
+@functools.cache
+def gradient_program(loss: nn.LossFn) -> Callable[..., Any]:
+    """``jax.jit(jax.grad(loss))``, one per loss function, so asking again compiles nothing."""
+    return jax.jit(jax.grad(loss))
 
 
-def table(entries: Sequence[Entry]) -> Table:
-    """The sheet as a table, one row per strategy."""
-    if not entries:
-        raise checks.InputError("the cheat sheet needs at least one strategy.")
-    return Table([e.row() for e in entries])
+@functools.cache
+def adamw() -> Any:
+    """The optimizer the sheet lays out: ``optax.adamw(1e-3)`` (one object, so its ``init``
+    compiles once per layout)."""
+    import optax
+
+    return optax.adamw(1e-3)
+
+
+def _adam_moments(state: Any) -> tuple[Any, Any]:
+    """``(mu, nu)`` of an ``optax.adamw`` state (a chain whose first part is Adam's state)."""
+    adam = next(part for part in state if hasattr(part, "mu"))
+    return adam.mu, adam.nu
+
+
+def adam_state_shardings(params: nn.Params, *, how: str = "jit") -> tuple[Any, Any]:
+    """The shardings of AdamW's ``mu`` and ``nu`` for ``params``, initialised ``how``.
+
+    ``"jit"``: ``jax.jit(optimizer.init)`` with nothing pinned (read from the compiled program).
+    ``"eager"``: ``optimizer.init(params)`` run op by op. ``"pinned"``: ``jax.jit`` with
+    ``out_shardings`` taken from the parameters (:func:`pinned_init`).
+    """
+    checks.one_of("how", how, ("jit", "eager", "pinned"))
+    optimizer = adamw()
+    if how == "eager":
+        state = optimizer.init(params)
+        return _adam_moments(jax.tree.map(lambda a: a.sharding, state))
+    init = jax.jit(optimizer.init) if how == "jit" else pinned_init(optimizer, params)
+    return _adam_moments(init.lower(params).compile().output_shardings)
+
+
+def pinned_init(optimizer: Any, params: nn.Params) -> Any:
+    """``jax.jit(optimizer.init)`` whose state comes out laid out like ``params``.
+
+    Every parameter-shaped part of the state (``optax.tree_map_params``) gets its parameter's
+    sharding; the rest (step counts) is replicated on the parameters' mesh.
+    """
+    import optax
+
+    leaves = checks.array_tree("params", params)
+    if not all(isinstance(getattr(leaf, "sharding", None), NamedSharding) for leaf in leaves):
+        raise checks.InputTypeError(
+            "pinned_init needs params placed with NamedShardings on one mesh (as a strategy's "
+            "shard() makes them); place them first, e.g. with jax.device_put(params, shardings).")
+    mesh = leaves[0].sharding.mesh
+    shapes = jax.eval_shape(optimizer.init, params)
+    shardings = optax.tree_map_params(
+        optimizer, lambda _, p: p.sharding, shapes, params,
+        transform_non_params=lambda _: NamedSharding(mesh, P()),
+    )
+    return jax.jit(optimizer.init, out_shardings=shardings)
+
+
+def layout(
+    name: str,
+    params: nn.Params,
+    batch: nn.Batch,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+    learning_rate: float = 0.01,
+) -> Layout:
+    """Compile one strategy's programs on ``params``/``batch`` and read back every layout."""
+    checks.one_of("strategy", name, nn.STRATEGIES)
+    checks.array_tree("params", params)
+    strategy = nn.STRATEGIES[name]
+    mesh = strategy.mesh(devices)
+    placed, placed_batch = strategy.shard(params, batch, mesh)
+    loss = strategy.loss(mesh)
+    x = placed_batch[0]
+
+    acts = jax.jit(nn.layer_outputs).lower(placed, x).compile().output_shardings
+    grads = gradient_program(loss).lower(placed, placed_batch).compile().output_shardings
+    step = nn.make_sgd_step(loss, learning_rate=learning_rate)
+    compiled_step = hlo.compile(step, placed, placed_batch)
+    updated, _ = compiled_step.output_shardings
+    report = hlo.report(compiled_step)
+    mu, nu = adam_state_shardings(placed)
+
+    params_specs = tuple(
+        (spec_text(w.sharding, w.ndim), spec_text(b.sharding, b.ndim)) for w, b in placed
+    )
+    weight_specs = [w for w, _ in params_specs]
+    batch_text = spec_text(x.sharding, x.ndim)
+    return Layout(
+        strategy=name,
+        kind=strategy.kind,
+        family=family(dict(mesh.shape), batch_text, weight_specs),
+        summary=strategy.summary,
+        mesh_shape=dict(mesh.shape),
+        batch=batch_text,
+        params=params_specs,
+        activations=tuple(
+            spec_text(s, 2) for s in acts
+        ),
+        grads=_pairs(grads, placed),
+        updated=_pairs(updated, placed),
+        adam_mu=_pairs(mu, placed),
+        adam_nu=_pairs(nu, placed),
+        param_bytes_per_device=nn.param_bytes_per_device(placed),
+        param_bytes_total=sum(leaf.nbytes for leaf in jax.tree.leaves(placed)),
+        collective_counts=report.counts,
+        bytes_sent=report.total_bytes,
+    )
+
+
+def cheat_sheet(
+    names: Sequence[str] = SHEET_STRATEGIES,
+    *,
+    layer_sizes: Sequence[int] = DEFAULT_LAYER_SIZES,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    devices: Sequence[jax.Device] | None = None,
+) -> list[Layout]:
+    """:func:`layout` of each strategy in ``names`` on one MLP (``layer_sizes``) and batch."""
+    names = [checks.one_of("strategy", n, nn.STRATEGIES) for n in names]
+    sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
+    batch_size = checks.count("batch_size", batch_size)
+    params = nn.init_mlp(jax.random.key(0), sizes)
+    batch = nn.make_regression_batch(jax.random.key(1), batch_size, sizes[0], sizes[-1])
+    return [layout(n, params, batch, devices=devices) for n in names]
+
+
+#: The columns of each half of the sheet (a whole row is too wide for a phone).
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "layout": ("strategy", "mesh", "x, y", "W", "b", "activations"),
+    "step": ("strategy", "grad W", "AdamW mu, nu (W)", "params / device",
+             "collectives / step", "sent / step"),
+}
+
+
+def sheet_table(layouts: Sequence[Layout], *, part: str | None = None) -> Table:
+    """The sheet as a :class:`spmd_guide.display.Table`, one row per strategy.
+
+    ``part="layout"``: where the batch, parameters and activations live; ``part="step"``:
+    gradients, optimizer state, memory and collectives; ``None``: every column.
+    """
+    if not layouts:
+        raise checks.InputError("sheet_table needs at least one layout, got none.")
+    if part is None:
+        return Table([lay.row() for lay in layouts])
+    columns = COLUMNS[checks.one_of("part", part, COLUMNS)]
+    return Table([{c: lay.row()[c] for c in columns} for lay in layouts])
+
+
+def spec_of(sharding: Any, ndim: int) -> P:
+    """The :class:`~jax.sharding.PartitionSpec` behind :func:`spec_text` (for tests and readers)."""
+    if not isinstance(sharding, NamedSharding):
+        raise checks.InputTypeError(f"expected a NamedSharding, got {type(sharding).__name__}.")
+    return P(*(list(sharding.spec) + [None] * (ndim - len(sharding.spec))))
+
+
+def _names(layouts: Sequence[Layout]) -> str:
+    return ", ".join(f"`{lay.strategy}`" for lay in layouts)
+
+
+def notes(layouts: Sequence[Layout]) -> str:
+    """Sentences (Markdown) on what the sheet shows about drift: gradients, updated
+    parameters and AdamW's state that come out in another layout than the parameters'.
+
+    The page glues these rather than typing them, so they stay true as the strategies change.
+    """
+    if not layouts:
+        raise checks.InputError("notes needs at least one layout, got none.")
+    sentences = []
+    for attribute, what in (
+        ("grads_match_params", "their gradients"),
+        ("step_keeps_layout", "the parameters after one SGD step"),
+    ):
+        kept = [lay for lay in layouts if getattr(lay, attribute)]
+        drift = [lay for lay in layouts if not getattr(lay, attribute)]
+        if not drift:
+            sentences.append(f"Every strategy gets {what} back in the parameters' own layout.")
+        else:
+            sentences.append(
+                f"{_names(kept) or 'No strategy'} get{'s' if len(kept) == 1 else ''} {what} "
+                f"back in the parameters' own layout; {_names(drift)} "
+                f"{'does' if len(drift) == 1 else 'do'} not, and a training step built on "
+                f"{'it' if len(drift) == 1 else 'them'} should pin the layout "
+                "(`out_shardings`) or pay a reshard.")
+    adam = [lay for lay in layouts if not lay.adam_matches_params]
+    if adam:
+        where = sorted({s for lay in adam for pair in lay.adam_mu for s in pair})
+        who = "any strategy" if len(adam) == len(layouts) else _names(adam)
+        sentences.append(
+            f"AdamW's state initialised under a bare `jax.jit` is *not* laid out like the "
+            f"parameters for {who}: it lands as {', '.join(where)}.")
+    else:
+        sentences.append("AdamW's state initialised under `jax.jit` follows the parameters.")
+    return " ".join(sentences)

@@ -1,0 +1,275 @@
+"""Which strategy when: the decision guide of Part IV, as code a reader can run on their model.
+
+Two halves:
+
+* :func:`measure_traffic` compiles one SGD step of each Part IV strategy and reads from the
+  compiled program (:mod:`spmd_guide.hlo`) how many bytes one device sends, next to the bytes of
+  parameters it holds: the numbers the guide's rules come from.
+* :func:`recommend` walks the guide's questions for *your* model (parameter bytes, device
+  memory, global batch, device count) and returns the answer with the reasons in words;
+  :func:`flowchart_html` draws the questions as a flowchart (HTML and CSS, readable on a phone)
+  with the path of one recommendation marked.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import jax
+
+from spmd_guide import checks, hlo, nn
+from spmd_guide.display import wrap
+
+#: Bytes of training state per byte of parameters, before the optimizer: the parameters
+#: themselves and their gradients.
+PARAMS_AND_GRADS = 2
+
+#: The guide's questions, by id; :func:`recommend` and :func:`flowchart_html` both read them.
+QUESTIONS: dict[str, str] = {
+    "fits": "Does the whole training state fit in one device's budget?",
+    "fits_sharded": "Does 1/n of it fit (sharded over all n devices)?",
+    "batch": "Is the global batch at least n x the smallest batch per device?",
+}
+
+#: The answers (leaves of the flowchart), by id: what to run and which book strategies do it.
+ANSWERS: dict[str, tuple[str, str]] = {
+    "DP": ("Data parallel (DP)", "dp, auto_dp"),
+    "DP x TP": ("2-D: data parallel x tensor parallel", "auto_dp_tp"),
+    "FSDP": ("Fully sharded data parallel (FSDP)", "fsdp, auto_fsdp"),
+    "FSDP x TP": ("2-D: FSDP x tensor parallel", "auto_2d"),
+    "none": ("Does not fit: add devices, or pipeline / offload / lower precision", "-"),
+}
+
+
+def training_state_bytes(param_bytes: int, *, optimizer_slots: int = 2) -> int:
+    """Parameters + gradients + ``optimizer_slots`` optimizer arrays of the same size.
+
+    AdamW keeps two (``mu`` and ``nu``), SGD with momentum one, plain SGD none. Activations
+    come on top: that is what the guide's ``memory_fraction`` leaves room for.
+    """
+    param_bytes = checks.count("param_bytes", param_bytes)
+    slots = checks.count("optimizer_slots", optimizer_slots, minimum=0)
+    return param_bytes * (PARAMS_AND_GRADS + slots)
+
+
+def data_axis_size(batch: int, n_devices: int, *, min_batch_per_device: int = 1) -> int:
+    """The largest divisor ``d`` of ``n_devices`` that splits ``batch`` evenly with at least
+    ``min_batch_per_device`` examples per device (1 if none does)."""
+    best = 1
+    for d in range(1, n_devices + 1):
+        if n_devices % d == 0 and batch % d == 0 and batch // d >= min_batch_per_device:
+            best = d
+    return best
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What :func:`recommend` chose, the numbers it chose on, and the questions it asked."""
+
+    answer: str
+    mesh: dict[str, int]
+    state_bytes: int
+    state_bytes_per_device: int
+    budget_bytes: int
+    batch_per_device: float
+    path: tuple[tuple[str, bool], ...]
+
+    @property
+    def title(self) -> str:
+        return ANSWERS[self.answer][0]
+
+    @property
+    def book_strategies(self) -> str:
+        """The Part IV strategies (``spmd_guide.nn.STRATEGIES`` names) that lay a model out so."""
+        return ANSWERS[self.answer][1]
+
+    def explain(self) -> str:
+        """The recommendation in sentences (wrapped to 76 columns): each question, its answer
+        and the numbers."""
+        lines = []
+        for question, yes in self.path:
+            lines.append(f"{QUESTIONS[question]} {'Yes' if yes else 'No'}.")
+        mesh = " x ".join(f"{a}={n}" for a, n in self.mesh.items()) or "-"
+        lines.append(
+            f"Training state {hlo.format_bytes(self.state_bytes)}, "
+            f"{hlo.format_bytes(self.state_bytes_per_device)} per device under this layout, "
+            f"budget {hlo.format_bytes(self.budget_bytes)} per device; "
+            f"examples per device: {self.batch_per_device:g}.")
+        lines.append(f"-> {self.title}, mesh {mesh} (in this book: {self.book_strategies}).")
+        return wrap("\n".join(lines))
+
+
+def recommend(
+    param_bytes: int,
+    device_bytes: int,
+    *,
+    batch: int,
+    n_devices: int,
+    optimizer_slots: int = 2,
+    memory_fraction: float = 0.5,
+    min_batch_per_device: int = 1,
+) -> Recommendation:
+    """The guide's answer for a model of ``param_bytes`` on ``n_devices`` of ``device_bytes``.
+
+    The budget per device is ``memory_fraction * device_bytes`` (the rest is for activations
+    and temporaries). If the training state (:func:`training_state_bytes`) fits the budget,
+    parameters are replicated (DP); if only 1/n of it fits, they are sharded (FSDP); if not
+    even that, no layout of this Part fits. Then the batch: the data axis is as large as the
+    batch allows with ``min_batch_per_device`` examples each; devices left over form a
+    ``model`` axis for tensor parallelism (2-D, or plain TP when the data axis is 1).
+    """
+    budget_bytes = int(checks.real("memory_fraction", memory_fraction, positive=True,
+                                   maximum=1.0) * checks.count("device_bytes", device_bytes))
+    n = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
+    batch = checks.count("batch", batch)
+    min_batch = checks.count("min_batch_per_device", min_batch_per_device)
+    state = training_state_bytes(param_bytes, optimizer_slots=optimizer_slots)
+
+    path: list[tuple[str, bool]] = [("fits", state <= budget_bytes)]
+    if not path[-1][1]:
+        path.append(("fits_sharded", math.ceil(state / n) <= budget_bytes))
+        if not path[-1][1]:
+            return Recommendation("none", {}, state, math.ceil(state / n), budget_bytes,
+                                  batch / n, tuple(path))
+    sharded = not path[0][1]
+    path.append(("batch", batch >= n * min_batch and batch % n == 0))
+    data = n if path[-1][1] else data_axis_size(batch, n, min_batch_per_device=min_batch)
+    model = n // data
+    if model == 1:
+        answer, mesh = ("FSDP" if sharded else "DP"), {"data": n}
+    else:
+        answer, mesh = ("FSDP x TP" if sharded else "DP x TP"), {"data": data, "model": model}
+    # FSDP x TP shards the state over every device; DP x TP over the model axis only.
+    per_device = math.ceil(state / n) if sharded else math.ceil(state / model)
+    return Recommendation(answer, mesh, state, per_device, budget_bytes, batch / data,
+                          tuple(path))
+
+
+# ------------------------------------------------------------------------ the flowchart
+
+_BOX = ("border:2px solid {c};border-radius:6px;padding:6px 10px;margin:4px 0;"
+        "background:{bg};color:#1a1a1a;max-width:34em;")
+_ON, _OFF = ("#0b5cad", "#e8f1fb"), ("#8a8a8a", "#ffffff")
+
+
+def _flow() -> dict[str, tuple[str, str]]:
+    """Each question's (yes, no) successor: a question id or an answer id."""
+    return {
+        "fits": ("batch_dp", "fits_sharded"),
+        "fits_sharded": ("batch_fsdp", "none"),
+        "batch_dp": ("DP", "DP x TP"),
+        "batch_fsdp": ("FSDP", "FSDP x TP"),
+    }
+
+
+def flowchart_html(recommendation: Recommendation | None = None) -> str:
+    """The guide as a vertical flowchart in HTML; the path of ``recommendation`` is marked.
+
+    Each question box lists where "yes" and "no" lead; boxes on the path are blue with a
+    marker, the others grey. Plain HTML and CSS: it narrows with the page, so it reads on a
+    phone, and needs no Sphinx extension.
+    """
+    if recommendation is not None and not isinstance(recommendation, Recommendation):
+        raise checks.InputTypeError(
+            f"recommendation must be a Recommendation from recommend(...), got "
+            f"{type(recommendation).__name__}.")
+    flow = _flow()
+    visited: set[str] = set()
+    if recommendation is not None:
+        node = "fits"
+        for _question, yes in recommendation.path:
+            visited.add(node)
+            node = flow[node][0 if yes else 1]
+        visited.add(node)
+
+    def label(node: str) -> str:
+        if node == "batch_dp":
+            return "(Parameters replicated.) " + QUESTIONS["batch"]
+        if node == "batch_fsdp":
+            return "(Parameters sharded.) " + QUESTIONS["batch"]
+        return QUESTIONS[node]
+
+    steps = {"fits": 1, "fits_sharded": 2, "batch_dp": 3, "batch_fsdp": 4}
+    out = ['<div class="spmd-flowchart" role="figure" aria-label="Which strategy when: '
+           'a flowchart of questions about memory and batch size">']
+    for node, (yes, no) in flow.items():
+        colour, background = _ON if node in visited else _OFF
+        mark = "&#9654; " if node in visited else ""
+        branches = []
+        for word, target in (("yes", yes), ("no", no)):
+            where = f"go to {steps[target]}" if target in flow else html.escape(ANSWERS[target][0])
+            strong = recommendation is not None and node in visited and target in visited
+            text = f"<b>{word} &rarr; {where}</b>" if strong else f"{word} &rarr; {where}"
+            branches.append(f"<li>{text}</li>")
+        out.append(f'<div style="{_BOX.format(c=colour, bg=background)}">'
+                   f"<b>{mark}{steps[node]}. {html.escape(label(node), quote=False)}</b>"
+                   f'<ul style="margin:2px 0 0 0">{"".join(branches)}</ul></div>')
+    if recommendation is not None:
+        colour, background = _ON
+        out.append(f'<div style="{_BOX.format(c=colour, bg=background)}"><b>&#9654; '
+                   f"{html.escape(recommendation.title)}</b>: "
+                   f"{html.escape(recommendation.book_strategies)}</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------ the measurements
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What one device sends and stores in one SGD step of a strategy, from its compiled program."""
+
+    strategy: str
+    batch: int
+    n_devices: int
+    param_bytes: int
+    param_bytes_per_device: int
+    bytes_sent: int
+
+    @property
+    def sent_per_param_byte(self) -> float:
+        """Bytes sent per step per byte of parameters (the whole model's)."""
+        return self.bytes_sent / self.param_bytes
+
+    def row(self) -> dict[str, str]:
+        return {
+            "strategy": self.strategy,
+            "batch": str(self.batch),
+            "params / device": hlo.format_bytes(self.param_bytes_per_device),
+            "sent / step / device": hlo.format_bytes(self.bytes_sent),
+            "sent / param bytes": f"{self.sent_per_param_byte:.2f}",
+        }
+
+
+def measure_traffic(
+    names: Sequence[str],
+    *,
+    layer_sizes: Sequence[int],
+    batch_sizes: Sequence[int],
+    devices: Sequence[jax.Device] | None = None,
+    learning_rate: float = 0.01,
+) -> list[Traffic]:
+    """One :class:`Traffic` per strategy and batch size: the compiled SGD step's bytes sent
+    (ring model, :func:`spmd_guide.hlo.report`) and the parameter bytes each device holds."""
+    names = [checks.one_of("strategy", n, nn.STRATEGIES) for n in names]
+    sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
+    batches = checks.counts("batch_sizes", batch_sizes)
+    params = nn.init_mlp(jax.random.key(0), sizes)
+    total = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    rows = []
+    for name in names:
+        strategy = nn.STRATEGIES[name]
+        mesh = strategy.mesh(devices)
+        loss = strategy.loss(mesh)
+        step = nn.make_sgd_step(loss, learning_rate=learning_rate)
+        for b in batches:
+            batch = nn.make_regression_batch(jax.random.key(1), b, sizes[0], sizes[-1])
+            placed, placed_batch = strategy.shard(params, batch, mesh)
+            report = hlo.report(step, placed, placed_batch)
+            rows.append(Traffic(name, b, mesh.size, total, nn.param_bytes_per_device(placed),
+                                report.total_bytes))
+    return rows

@@ -1,0 +1,86 @@
+"""Cluster planning: JAX's detection rules read back, and hybrid meshes on stand-in slices."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import DEVICES
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import cluster
+from spmd_guide.checks import InputError, InputTypeError
+
+SLURM = {"SLURM_JOB_ID": "12345", "SLURM_STEP_NODELIST": "node[001-004]", "SLURM_NTASKS": "4",
+         "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+OMPI4 = {"OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.0.0.1,10.148.0.1:34911",
+         "OMPI_COMM_WORLD_SIZE": "16", "OMPI_COMM_WORLD_RANK": "9",
+         "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+
+
+def test_detectors_say_who_restricts_devices():
+    rows = {r["class"]: r for r in cluster.detectors()}
+    assert rows["SlurmCluster"]["one device per process"]
+    assert rows["OmpiCluster"]["one device per process"]
+    assert not rows["K8sCluster"]["one device per process"]
+    assert rows["Mpi4pyCluster"]["opt-in only"]
+    assert cluster.open_mpi_variable() == "OMPI_MCA_orte_hnp_uri"
+
+
+def test_detect():
+    slurm = cluster.detect(SLURM)
+    assert slurm == {"cluster": "SlurmCluster", "coordinator_address": "node001:61497",
+                     "num_processes": 4, "process_id": 2, "local_device_ids": [0]}
+    ompi = cluster.detect(OMPI4)
+    assert ompi["cluster"] == "OmpiCluster" and ompi["coordinator_address"].startswith("10.0.0.1:")
+    assert (ompi["num_processes"], ompi["process_id"], ompi["local_device_ids"]) == (16, 9, [1])
+    # Open MPI 5 sets the rank variables but not the ORTE one: nothing is detected
+    five = {k: v for k, v in OMPI4.items() if k != "OMPI_MCA_orte_hnp_uri"}
+    assert cluster.detect(five) == dict.fromkeys(
+        ("cluster", "coordinator_address", "num_processes", "process_id", "local_device_ids"))
+    assert "SLURM_NTASKS" not in os.environ  # the environment is restored
+
+
+def test_multihost_page_exercise():
+    """Two tasks per node under SLURM: each task is given one device (its local rank)."""
+    env = dict(SLURM, SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1")
+    assert cluster.detect(env)["local_device_ids"] == [1]
+    mesh, _ = cluster.hybrid_mesh((1, 2), (4, 1), ("data", "fsdp"), slices=4)
+    assert mesh.devices.shape == (4, 2)
+
+
+@pytest.mark.parametrize(("inner", "outer", "slices"), [((1, 4), (2, 1), 2), ((2, 2), (2, 1), 2),
+                                                         ((1, 2), (4, 1), 4), ((2,), (4,), 4)])
+def test_hybrid_mesh(inner, outer, slices):
+    names = ("data", "model")[: len(inner)]
+    mesh, slice_of = cluster.hybrid_mesh(inner, outer, names, slices=slices)
+    assert mesh.devices.shape == tuple(i * o for i, o in zip(inner, outer, strict=True))
+    # the first axis crosses slices in blocks of inner[0] rows; every row of a block is one slice
+    for row in range(mesh.devices.shape[0]):
+        ids = {slice_of[d.id] for d in np.ravel(mesh.devices[row])}
+        assert ids == {row // inner[0]}
+    x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P(names[0])))
+    assert float(jax.jit(jnp.sum)(x)) == float(np.arange(32.0).sum())
+
+
+def test_hybrid_mesh_on_other_devices():
+    mesh, slice_of = cluster.hybrid_mesh((1, 2), (2, 1), ("a", "b"), slices=2, devices=DEVICES[4:])
+    assert sorted(slice_of) == [4, 5, 6, 7] and [d.id for d in mesh.devices.flat] == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: cluster.detect({"A": 1}), InputTypeError, "env"),
+    (lambda: cluster.detect("SLURM"), InputTypeError, "env"),
+    (lambda: cluster.hybrid_mesh((1, 4), (2,), ("a", "b"), slices=2), InputError, "entry"),
+    (lambda: cluster.hybrid_mesh((1, 4), (2, 1), ("a", "b"), slices=4), InputError, "slices"),
+    (lambda: cluster.hybrid_mesh((1, 8), (2, 1), ("a", "b"), slices=2), InputError, "16"),
+    (lambda: cluster.hybrid_mesh((1, 3), (2, 1), ("a", "b"), slices=0), InputError, "slices"),
+    (lambda: cluster.hybrid_mesh((0, 4), (2, 1), ("a", "b"), slices=2), InputError, "mesh_shape"),
+])
+def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()

@@ -1,0 +1,114 @@
+"""The decision guide: its rules on made-up models, its flowchart, and the traffic it measures."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import DEVICES
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from spmd_guide import which_strategy as ws
+from spmd_guide.checks import InputError, InputTypeError
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(("params", "batch", "answer", "mesh"), [
+    (4 * 10**9, 256, "DP", {"data": 8}),                    # 16 GB of state < 40 GiB budget
+    (4 * 10**9, 4, "DP x TP", {"data": 4, "model": 2}),     # too few examples for 8 devices
+    (4 * 10**9, 1, "DP x TP", {"data": 1, "model": 8}),     # one example: all TP
+    (40 * 10**9, 256, "FSDP", {"data": 8}),                 # 160 GB of state, 20 GB per device
+    (40 * 10**9, 2, "FSDP x TP", {"data": 2, "model": 4}),
+    (400 * 10**9, 256, "none", {}),                         # 1.6 TB: 200 GB per device
+])
+def test_recommend(params, batch, answer, mesh):
+    rec = ws.recommend(params, 80 * GIB, batch=batch, n_devices=8)
+    assert rec.answer == answer and rec.mesh == mesh
+    assert rec.state_bytes == 4 * params  # params + grads + AdamW's mu and nu
+    words = " ".join(rec.explain().split())
+    assert rec.title in words and ("Yes" in words or answer == "none")
+    assert max(len(line) for line in rec.explain().splitlines()) <= 76
+    if mesh:
+        assert rec.state_bytes_per_device <= rec.budget_bytes
+        assert rec.batch_per_device == batch / mesh["data"]
+
+
+def test_page_exercise():
+    rec = ws.recommend(12 * 10**9, 16 * GIB, batch=32, n_devices=8)
+    assert rec.answer == "FSDP" and rec.mesh == {"data": 8} and rec.batch_per_device == 4
+    assert rec.state_bytes > rec.budget_bytes >= rec.state_bytes_per_device
+
+
+def test_budget_and_optimizer_slots_move_the_line():
+    # 12 GB of params with plain SGD (2x) fits 40 GiB; with AdamW (4x) it does not.
+    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8, optimizer_slots=0).answer == "DP"
+    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8).answer == "FSDP"
+    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8,
+                        memory_fraction=1.0, optimizer_slots=1).answer == "DP"
+    assert ws.recommend(10**9, 80 * GIB, batch=64, n_devices=8,
+                        min_batch_per_device=16).mesh == {"data": 4, "model": 2}
+
+
+@settings(max_examples=15, deadline=None)
+@given(n=hs.sampled_from([1, 2, 4, 8, 16]), batch=hs.integers(1, 512),
+       params=hs.integers(1, 10**12))
+def test_recommend_is_consistent(n, batch, params):
+    rec = ws.recommend(params, 80 * GIB, batch=batch, n_devices=n)
+    if rec.answer != "none":
+        assert rec.mesh["data"] * rec.mesh.get("model", 1) == n
+        assert batch % rec.mesh["data"] == 0
+        assert rec.state_bytes_per_device <= rec.budget_bytes
+    html = ws.flowchart_html(rec)
+    assert ws.ANSWERS[rec.answer][0] in html and html.count("&#9654;") == len(rec.path) + 1
+
+
+def test_flowchart_marks_the_path():
+    plain = ws.flowchart_html()
+    assert all(q in plain for q in ws.QUESTIONS.values()) and "&#9654;" not in plain
+    rec = ws.recommend(40 * 10**9, 80 * GIB, batch=2, n_devices=8)
+    marked = ws.flowchart_html(rec)
+    assert "<b>no &rarr; go to 2</b>" in marked and "<b>no &rarr; 2-D: FSDP x tensor" in marked
+
+
+def test_data_axis_size():
+    assert ws.data_axis_size(12, 8) == 4 and ws.data_axis_size(3, 8) == 1
+    assert ws.data_axis_size(64, 8, min_batch_per_device=16) == 4
+
+
+def test_measured_traffic():
+    sizes, devices = [8, 8], DEVICES[:4]
+    rows = ws.measure_traffic(["dp", "tp"], layer_sizes=sizes, batch_sizes=[8, 32],
+                              devices=devices)
+    rows += ws.measure_traffic(["fsdp"], layer_sizes=sizes, batch_sizes=[8], devices=devices)
+    by = {(r.strategy, r.batch): r for r in rows}
+    total = 4 * (8 * 8 + 8)
+    # DP: one all-reduce of every gradient, 2 (n-1)/n of the parameter bytes, whatever the batch
+    assert by["dp", 8].bytes_sent == by["dp", 32].bytes_sent
+    assert by["dp", 8].bytes_sent == pytest.approx(2 * 3 * total / 4, rel=0.02)  # + the loss
+    assert by["dp", 8].param_bytes_per_device == total == by["dp", 8].param_bytes
+    # TP moves activations: more batch, more bytes; params split 4 ways
+    assert by["tp", 32].bytes_sent > by["tp", 8].bytes_sent
+    assert by["tp", 8].param_bytes_per_device * 4 == total
+    # FSDP: all-gather + reduce-scatter = one all-reduce's bytes (the which-strategy page says so)
+    assert by["fsdp", 8].bytes_sent == pytest.approx(by["dp", 8].bytes_sent, rel=0.02)
+    assert by["fsdp", 8].param_bytes_per_device * 4 == total
+    assert by["dp", 8].row()["sent / param bytes"] == f"{by['dp', 8].bytes_sent / total:.2f}"
+
+
+@pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: ws.recommend(0, GIB, batch=1, n_devices=1), InputError, "param_bytes"),
+    (lambda: ws.recommend(1, GIB, batch=1, n_devices=0), InputError, "n_devices"),
+    (lambda: ws.recommend(1, GIB, batch=1.5, n_devices=2), InputTypeError, "batch"),
+    (lambda: ws.recommend(1, GIB, batch=1, n_devices=2, memory_fraction=1.5), InputError,
+     "memory_fraction"),
+    (lambda: ws.recommend(1, GIB, batch=1, n_devices=2, optimizer_slots=-1), InputError,
+     "optimizer_slots"),
+    (lambda: ws.flowchart_html("DP"), InputTypeError, "Recommendation"),
+    (lambda: ws.measure_traffic(["zero"], layer_sizes=[8, 8], batch_sizes=[8]), InputError,
+     "strategy"),
+    (lambda: ws.measure_traffic(["dp"], layer_sizes=[8, 8], batch_sizes=[0]), InputError,
+     "batch_sizes"),
+])
+def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
