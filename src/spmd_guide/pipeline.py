@@ -1,0 +1,351 @@
+"""Pipeline parallelism: a stack of equal layers split into stages, microbatches flowing through.
+
+The model is ``n_layers`` identical layers ``x -> tanh(x @ W + b)`` of width ``width``, with
+every parameter stacked on axis 0 (``w: [L, width, width]``, ``b: [L, width]``), so splitting
+the stack into ``S`` stages is sharding axis 0 over a mesh axis named ``stage``. The loss is
+Part IV's squared error (:func:`stack_loss`); the pipelined losses reproduce it and its
+gradients.
+
+How a pipelined loss runs: inside ``jax.shard_map`` each device holds its stage's layers and
+executes a :class:`~spmd_guide.schedules.Schedule` step by step (a ``lax.scan`` over the
+schedule's rows). At each step it runs what the table says for its stage -- the forward of a
+microbatch, its backward, or nothing -- and then two ``ppermute``s move the activation it
+produced to the next stage and the input gradient it produced to the previous one. A
+forward stores the stage's *input* in one of ``n_slots`` buffers; the backward recomputes the
+stage from that input with ``jax.vjp`` (GPipe's re-materialization) and frees the slot. The
+number of buffers is the schedule's peak of microbatches in flight: ``M`` for GPipe, ``S`` for
+1F1B, which is 1F1B's saving. The loss is a ``jax.custom_vjp``: its gradients are the ones the
+schedule's backward steps computed, so ``jax.grad`` runs the pipeline's own backward pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import checks, hlo
+from spmd_guide.devices import build_mesh
+from spmd_guide.schedules import (  # noqa: F401  (re-exported: the Part's one face)
+    BACKWARD,
+    FORWARD,
+    IDLE,
+    SCHEDULES,
+    Schedule,
+    bubble_fraction,
+    build_schedule,
+    closed_form_bubble,
+    draw_schedule,
+)
+
+#: ``{"w": [L, width, width], "b": [L, width]}``.
+Params = dict[str, jax.Array]
+#: ``(x, y)``, both ``[batch_size, width]``.
+Batch = tuple[jax.Array, jax.Array]
+LossFn = Callable[[Params, Batch], jax.Array]
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def init_stack(key: Any, n_layers: int, width: int, *, dtype: Any = jnp.float32) -> Params:
+    """``n_layers`` layers of width ``width``: ``w`` drawn from N(0, 1/width), ``b`` zeros,
+    each stacked on axis 0."""
+    key = checks.key("key", key)
+    n_layers = checks.count("n_layers", n_layers)
+    width = checks.count("width", width)
+    w = jax.random.normal(key, (n_layers, width, width), dtype) / math.sqrt(width)
+    return {"w": w, "b": jnp.zeros((n_layers, width), dtype)}
+
+
+def apply_layers(params: Params, x: jax.Array) -> jax.Array:
+    """Run ``x: [B, width]`` through every layer of ``params`` in order, so the same function
+    is the whole model and one stage's share of it."""
+    for w, b in zip(params["w"], params["b"]):
+        x = jnp.tanh(x @ w + b)
+    return x
+
+
+def stack_loss(params: Params, batch: Batch) -> jax.Array:
+    """The one-device reference: mean over the batch of the squared error summed over
+    features."""
+    x, y = batch
+    error = apply_layers(params, x) - y
+    return jnp.mean(jnp.sum(error**2, axis=-1))
+
+
+def make_batch(key: Any, batch_size: int, width: int) -> Batch:
+    """A synthetic regression batch: ``x`` standard normal, ``y = tanh(x @ T)`` for a fixed
+    random teacher ``T`` scaled by ``1/sqrt(width)``."""
+    key = checks.key("key", key)
+    batch_size = checks.count("batch_size", batch_size)
+    width = checks.count("width", width)
+    kx, kt = jax.random.split(key)
+    x = jax.random.normal(kx, (batch_size, width))
+    teacher = jax.random.normal(kt, (width, width)) / math.sqrt(width)
+    return x, jnp.tanh(x @ teacher)
+
+
+def check_stack(params: Any, batch: Any) -> tuple[int, int, int]:
+    """``(n_layers, width, batch_size)`` of a stacked model and its batch, or a clear error."""
+    if not isinstance(params, dict) or set(params) != {"w", "b"}:
+        raise checks.InputTypeError(
+            "params must be a dict {'w': [L, width, width], 'b': [L, width]} as "
+            f"init_stack returns, got {type(params).__name__}.")
+    w = checks.array("params['w']", params["w"], ndim=3, dtype_kind="f")
+    n_layers, width, width2 = w.shape
+    if width != width2:
+        raise checks.InputError(f"params['w'] must be [L, width, width], got {w.shape}.")
+    checks.same_shape("params['b']", checks.array("params['b']", params["b"]),
+                      (n_layers, width), other="[L, width] of params['w']")
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise checks.InputTypeError("batch must be a pair (x, y) of [batch_size, width] arrays.")
+    x = checks.array("x", batch[0], ndim=2, dtype_kind="f")
+    checks.same_shape("y", checks.array("y", batch[1], ndim=2), x.shape, other="x")
+    if x.shape[1] != width:
+        raise checks.InputError(
+            f"x has {x.shape[1]} features but the layers have width {width}.")
+    return n_layers, width, int(x.shape[0])
+
+
+# --------------------------------------------------------------------------- execution
+
+
+def _varying(a: jax.Array, *, axes: tuple[str, ...]) -> jax.Array:
+    """``a`` marked as varying over ``axes`` (``shard_map``'s type of a per-device value)."""
+    missing = tuple(n for n in axes if n not in jax.typeof(a).mat.varying)
+    return jax.lax.pcast(a, missing, to="varying") if missing else a
+
+
+def _run_schedule(params: Params, x: jax.Array, y: jax.Array, *, schedule: Schedule,
+                  data_axis: str | None) -> tuple[jax.Array, Params, jax.Array, jax.Array]:
+    """The per-device program: execute ``schedule`` on this stage's layers and this data
+    group's batch. Returns ``(loss, grads, dx, dy)`` (loss and dx/dy summed over stages)."""
+    n_stages, n_micro = schedule.n_stages, schedule.n_microbatches
+    stage = jax.lax.axis_index("stage")
+    first, last = stage == 0, stage == n_stages - 1
+    batch_size, width = x.shape
+    xs = x.reshape(n_micro, -1, width)  # [M, mb, width]
+    ys = y.reshape(n_micro, -1, width)
+    axes = ("stage",) if data_axis is None else ("stage", data_axis)
+    zeros_mb = _varying(jnp.zeros_like(xs[0]), axes=axes)
+    # Per-group parameters: without the cast, autodiff of the replicated (data-invariant)
+    # parameters would psum every microbatch's gradient over 'data' inside each backward step.
+    params = jax.tree.map(functools.partial(_varying, axes=axes), params)
+    tables = {k: jnp.asarray(v) for k, v in schedule.tables().items()}  # each [T, S]
+    to_next = [(s, s + 1) for s in range(n_stages - 1)]
+    to_prev = [(s + 1, s) for s in range(n_stages - 1)]
+
+    def error_grad(out: jax.Array, m: jax.Array) -> jax.Array:
+        return 2 * (out - ys[m]) / batch_size  # d loss / d out for microbatch m
+
+    def idle(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
+        return c, zeros_mb, zeros_mb
+
+    def forward(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
+        x_in = jnp.where(first, xs[op["micro"]], c["stash"][op["slot"]])
+        out = apply_layers(params, x_in)
+        err = jnp.sum((out - ys[op["micro"]]) ** 2) / batch_size
+        return {**c, "stash": c["stash"].at[op["slot"]].set(x_in),
+                "loss": c["loss"] + jnp.where(last, err, 0.0)}, out, zeros_mb
+
+    def backward(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
+        m = op["micro"]
+        out, vjp = jax.vjp(apply_layers, params, c["stash"][op["slot"]])
+        g_out = jnp.where(last, error_grad(out, m), c["grad_in"][op["slot"]])
+        d_params, d_in = vjp(g_out)
+        grads = jax.tree.map(jnp.add, c["grads"], d_params)
+        return {**c, "grads": grads, "dx": c["dx"].at[m].set(d_in),
+                "dy": c["dy"].at[m].set(-error_grad(out, m))}, zeros_mb, d_in
+
+    def step(c: dict, row: dict) -> tuple[dict, None]:
+        op = {k: v[stage] for k, v in row.items()}
+        c, send_f, send_b = jax.lax.switch(op["kind"], [idle, forward, backward], c, op)
+        got_f = jax.lax.ppermute(send_f, "stage", to_next)
+        got_b = jax.lax.ppermute(send_b, "stage", to_prev)
+        for buf, got, where in (("stash", got_f, op["recv_f"]), ("grad_in", got_b, op["recv_b"])):
+            slot = jnp.maximum(where, 0)
+            c[buf] = c[buf].at[slot].set(jnp.where(where >= 0, got, c[buf][slot]))
+        return c, None
+
+    n_slots = schedule.n_slots
+    carry = {"stash": jnp.zeros((n_slots, *xs.shape[1:]), x.dtype),
+             "grad_in": jnp.zeros((n_slots, *xs.shape[1:]), x.dtype),
+             "grads": jax.tree.map(jnp.zeros_like, params),
+             "loss": jnp.zeros((), x.dtype), "dx": jnp.zeros_like(xs), "dy": jnp.zeros_like(ys)}
+    carry = jax.tree.map(functools.partial(_varying, axes=axes), carry)
+    carry, _ = jax.lax.scan(step, carry, tables)
+
+    loss = jax.lax.psum(carry["loss"], "stage")
+    dx = jax.lax.psum(jnp.where(first, carry["dx"], 0.0), "stage").reshape(x.shape)
+    dy = jax.lax.psum(jnp.where(last, carry["dy"], 0.0), "stage").reshape(y.shape)
+    grads = carry["grads"]
+    if data_axis is not None:  # the global loss is the mean of the data groups' losses
+        n_data = jax.lax.axis_size(data_axis)
+        loss, grads = jax.lax.pmean(loss, data_axis), jax.lax.pmean(grads, data_axis)
+        dx, dy = dx / n_data, dy / n_data
+    return loss, grads, dx, dy
+
+
+def pipelined_loss(mesh: Mesh, *, schedule: str, n_microbatches: int) -> LossFn:
+    """``loss_fn(params, batch)`` equal to :func:`stack_loss`, run as the pipeline schedule
+    ``schedule`` with ``n_microbatches`` microbatches on ``mesh`` (axis ``stage``, and
+    optionally ``data``: one pipeline per data group, gradients averaged over groups).
+
+    Its gradient (``jax.grad``) is the one the schedule's backward steps computed; asking only
+    for the loss still runs the whole schedule.
+    """
+    checks.mesh("mesh", mesh)
+    checks.one_of("schedule", schedule, SCHEDULES)
+    n_stages = checks.axis(mesh, "stage", name="pipeline axis")
+    n_micro = checks.count("n_microbatches", n_microbatches, maximum=100_000)
+    data_axis = "data" if "data" in mesh.shape else None
+    extra = set(mesh.axis_names) - {"stage", "data"}
+    if extra:
+        raise checks.InputError(
+            f"a pipeline mesh has axes 'stage' (and optionally 'data'); this one also has "
+            f"{sorted(extra)}.")
+    n_data = mesh.shape[data_axis] if data_axis else 1
+    plan = build_schedule(schedule, n_stages, n_micro)
+    batch_spec = P(data_axis)
+    run = jax.shard_map(
+        functools.partial(_run_schedule, schedule=plan, data_axis=data_axis), mesh=mesh,
+        in_specs=(P("stage"), batch_spec, batch_spec),
+        out_specs=(P(), P("stage"), batch_spec, batch_spec))
+
+    def check(params: Params, batch: Batch) -> None:
+        n_layers, _, batch_size = check_stack(params, batch)
+        checks.divisible("n_layers", n_layers, n_stages,
+                         why=f"into pipeline stages (mesh axis 'stage' of size {n_stages})")
+        where = f" over mesh axis 'data' (size {n_data})" if data_axis else ""
+        checks.divisible("batch size", batch_size, n_data * n_micro,
+                         why=f"into {n_micro} microbatches{where}")
+
+    @jax.custom_vjp
+    def loss_and_grads(params: Params, batch: Batch) -> jax.Array:
+        return run(params, *batch)[0]
+
+    def fwd(params: Params, batch: Batch) -> tuple[jax.Array, tuple]:
+        loss, grads, dx, dy = run(params, *batch)
+        return loss, (grads, dx, dy)
+
+    def bwd(res: tuple, g: jax.Array) -> tuple[Params, Batch]:
+        grads, dx, dy = res
+        return jax.tree.map(lambda a: g * a, grads), (g * dx, g * dy)
+
+    loss_and_grads.defvjp(fwd, bwd)
+
+    def loss_fn(params: Params, batch: Batch) -> jax.Array:
+        check(params, batch)
+        return loss_and_grads(params, tuple(batch))
+
+    loss_fn.__name__ = f"{schedule}_loss"
+    return loss_fn
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+@dataclass(frozen=True)
+class PipelineStrategy:
+    """A pipeline schedule behind the Part IV interface: ``.mesh``, ``.shard``, ``.loss``."""
+
+    name: str
+    summary: str
+
+    def mesh(self, devices: Sequence[jax.Device] | None = None, *, data: int = 1) -> Mesh:
+        """A ``('stage',)`` mesh over ``devices`` (default all), or ``('data', 'stage')`` with
+        ``data`` pipelines side by side."""
+        devices = list(jax.devices() if devices is None else devices)
+        data = checks.count("data", data)
+        checks.divisible("number of devices", len(devices), data,
+                         why="into data-parallel groups")
+        if data == 1:
+            return build_mesh((len(devices),), ("stage",), devices=devices)
+        return build_mesh((data, len(devices) // data), ("data", "stage"), devices=devices)
+
+    def param_shardings(self, mesh: Mesh) -> dict[str, NamedSharding]:
+        """Every leaf split over ``stage`` on axis 0 (replicated over ``data``)."""
+        return {"w": NamedSharding(mesh, P("stage")), "b": NamedSharding(mesh, P("stage"))}
+
+    def batch_sharding(self, mesh: Mesh) -> NamedSharding:
+        """Batch rows split over ``data`` if the mesh has it; replicated over ``stage``."""
+        return NamedSharding(mesh, P("data" if "data" in mesh.shape else None))
+
+    def shard(self, params: Params, batch: Batch, mesh: Mesh) -> tuple[Params, Batch]:
+        """Place ``params`` and ``batch`` on ``mesh`` as this strategy's loss expects."""
+        checks.mesh("mesh", mesh)
+        n_stages = checks.axis(mesh, "stage", name="pipeline axis")
+        n_layers, _, batch_size = check_stack(params, batch)
+        checks.divisible("n_layers", n_layers, n_stages, why="into pipeline stages")
+        if "data" in mesh.shape:
+            checks.divisible("batch size", batch_size, mesh.shape["data"],
+                             why="over mesh axis 'data'")
+        batch_sharding = self.batch_sharding(mesh)
+        return (jax.device_put(params, self.param_shardings(mesh)),
+                tuple(jax.device_put(a, batch_sharding) for a in batch))
+
+    def loss(self, mesh: Mesh, *, n_microbatches: int) -> LossFn:
+        """``loss_fn(params, batch)``: :func:`pipelined_loss` with this schedule."""
+        return pipelined_loss(mesh, schedule=self.name, n_microbatches=n_microbatches)
+
+
+STRATEGIES: dict[str, PipelineStrategy] = {
+    "gpipe": PipelineStrategy("gpipe", "all forwards, then all backwards"),
+    "1f1b": PipelineStrategy("1f1b", "warm-up forwards, then one forward, one backward"),
+}
+
+
+def make_train_step(strategy: PipelineStrategy, mesh: Mesh, *, n_microbatches: int,
+                    learning_rate: float) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
+    """A jitted SGD ``step(params, batch) -> (params, loss)`` whose new parameters are pinned
+    to the strategy's shardings (``out_shardings``), so the layout never drifts."""
+    lr = checks.real("learning_rate", learning_rate, positive=True)
+    loss_fn = strategy.loss(mesh, n_microbatches=n_microbatches)
+
+    def step(params: Params, batch: Batch) -> tuple[Params, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return jax.tree.map(lambda p, g: p - lr * g, params, grads), loss
+
+    return jax.jit(step, out_shardings=(strategy.param_shardings(mesh),
+                                        NamedSharding(mesh, P())))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def activation_buffer_bytes(schedule: str, n_stages: int, n_microbatches: int, *,
+                            batch_size: int, width: int, itemsize: int = 4) -> int:
+    """Bytes of the per-stage buffers the executed schedule keeps: ``n_slots`` stored stage
+    inputs plus ``n_slots`` received gradients, each ``[batch_size / M, width]``."""
+    slots = build_schedule(schedule, n_stages, n_microbatches).n_slots
+    return 2 * slots * (batch_size // n_microbatches) * width * itemsize
+
+
+def memory_rows(params: Params, batch: Batch, mesh: Mesh, *,
+                n_microbatches: int) -> list[dict[str, Any]]:
+    """For each schedule: microbatches in flight (from the schedule), the buffer bytes that
+    implies, and the temporaries of the compiled ``value_and_grad`` (XLA's memory analysis)."""
+    n_stages = checks.axis(mesh, "stage", name="pipeline axis")
+    _, width, batch_size = check_stack(params, batch)
+    rows = []
+    for name, strategy in STRATEGIES.items():
+        plan = build_schedule(name, n_stages, n_microbatches)
+        fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, n_microbatches=n_microbatches)))
+        memory = hlo.memory_per_device(fn, params, batch)
+        buffers = activation_buffer_bytes(name, n_stages, n_microbatches,
+                                          batch_size=batch_size, width=width,
+                                          itemsize=np.dtype(batch[0].dtype).itemsize)
+        rows.append({"schedule": name, "peak in flight": int(plan.n_slots),
+                     "activation buffers": hlo.format_bytes(buffers),
+                     "compiled temporaries": hlo.format_bytes(memory.temp_bytes),
+                     "_buffers": buffers, "_temp": memory.temp_bytes})
+    return rows
