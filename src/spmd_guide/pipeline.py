@@ -144,33 +144,41 @@ def _run_schedule(params: Params, x: jax.Array, y: jax.Array, *, schedule: Sched
     to_next = [(s, s + 1) for s in range(n_stages - 1)]
     to_prev = [(s + 1, s) for s in range(n_stages - 1)]
 
-    def error_grad(out: jax.Array, m: jax.Array) -> jax.Array:
-        return 2 * (out - ys[m]) / batch_size  # d loss / d out for microbatch m
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_loss = _varying(jnp.zeros((), x.dtype), axes=axes)
 
-    def idle(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
-        return c, zeros_mb, zeros_mb
+    # The branches see one microbatch (its stored input x_in, received gradient g_in and
+    # target y_m) and return (loss term, parameter gradients, activation to send forward,
+    # gradient to send back, d loss / d y). The slot buffers are read and written outside
+    # the branches, so XLA updates them in place instead of copying them into a conditional.
+    def idle(x_in, g_in, y_m):  # noqa: ANN001, ANN202
+        return zero_loss, zero_grads, zeros_mb, zeros_mb, zeros_mb
 
-    def forward(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
-        x_in = jnp.where(first, xs[op["micro"]], c["stash"][op["slot"]])
+    def forward(x_in, g_in, y_m):  # noqa: ANN001, ANN202
         out = apply_layers(params, x_in)
-        err = jnp.sum((out - ys[op["micro"]]) ** 2) / batch_size
-        return {**c, "stash": c["stash"].at[op["slot"]].set(x_in),
-                "loss": c["loss"] + jnp.where(last, err, 0.0)}, out, zeros_mb
+        err = jnp.where(last, jnp.sum((out - y_m) ** 2) / batch_size, 0.0)
+        return err, zero_grads, out, zeros_mb, zeros_mb
 
-    def backward(c: dict, op: dict) -> tuple[dict, jax.Array, jax.Array]:
-        m = op["micro"]
-        out, vjp = jax.vjp(apply_layers, params, c["stash"][op["slot"]])
-        g_out = jnp.where(last, error_grad(out, m), c["grad_in"][op["slot"]])
-        d_params, d_in = vjp(g_out)
-        grads = jax.tree.map(jnp.add, c["grads"], d_params)
-        return {**c, "grads": grads, "dx": c["dx"].at[m].set(d_in),
-                "dy": c["dy"].at[m].set(-error_grad(out, m))}, zeros_mb, d_in
+    def backward(x_in, g_in, y_m):  # noqa: ANN001, ANN202
+        out, vjp = jax.vjp(apply_layers, params, x_in)  # recompute the stage, then pull back
+        d_out = 2 * (out - y_m) / batch_size  # d loss / d out on the last stage
+        d_params, d_in = vjp(jnp.where(last, d_out, g_in))
+        return zero_loss, d_params, zeros_mb, d_in, -d_out
 
     def step(c: dict, row: dict) -> tuple[dict, None]:
         op = {k: v[stage] for k, v in row.items()}
-        c, send_f, send_b = jax.lax.switch(op["kind"], [idle, forward, backward], c, op)
-        got_f = jax.lax.ppermute(send_f, "stage", to_next)
-        got_b = jax.lax.ppermute(send_b, "stage", to_prev)
+        kind, m, slot = op["kind"], op["micro"], op["slot"]
+        is_f, is_b = kind == FORWARD, kind == BACKWARD
+        x_in = jnp.where(first & is_f, xs[m], c["stash"][slot])  # stage 0 reads the batch
+        loss, d_params, send_f, send_b, d_y = jax.lax.switch(
+            kind, [idle, forward, backward], x_in, c["grad_in"][slot], ys[m])
+        c = {"loss": c["loss"] + loss, "grads": jax.tree.map(jnp.add, c["grads"], d_params),
+             "stash": c["stash"].at[slot].set(x_in),
+             "grad_in": c["grad_in"],
+             "dx": c["dx"].at[m].set(jnp.where(is_b, send_b, c["dx"][m])),
+             "dy": c["dy"].at[m].set(jnp.where(is_b, d_y, c["dy"][m]))}
+        got_f = jax.lax.ppermute(send_f, "stage", to_next)  # activation to stage s + 1
+        got_b = jax.lax.ppermute(send_b, "stage", to_prev)  # its gradient to stage s - 1
         for buf, got, where in (("stash", got_f, op["recv_f"]), ("grad_in", got_b, op["recv_b"])):
             slot = jnp.maximum(where, 0)
             c[buf] = c[buf].at[slot].set(jnp.where(where >= 0, got, c[buf][slot]))
@@ -330,22 +338,35 @@ def activation_buffer_bytes(schedule: str, n_stages: int, n_microbatches: int, *
     return 2 * slots * (batch_size // n_microbatches) * width * itemsize
 
 
-def memory_rows(params: Params, batch: Batch, mesh: Mesh, *,
-                n_microbatches: int) -> list[dict[str, Any]]:
-    """For each schedule: microbatches in flight (from the schedule), the buffer bytes that
-    implies, and the temporaries of the compiled ``value_and_grad`` (XLA's memory analysis)."""
+def profile(params: Params, batch: Batch, mesh: Mesh, *,
+            n_microbatches: int) -> list[dict[str, Any]]:
+    """One compiled ``value_and_grad`` per schedule on ``mesh``, and what it shows: its
+    largest difference from the reference (loss and gradients), its ``collective-permute``
+    ops, microbatches in flight (from the schedule), the bytes of activation buffers that
+    implies, and the temporaries XLA's memory analysis reports per device."""
     n_stages = checks.axis(mesh, "stage", name="pipeline axis")
     _, width, batch_size = check_stack(params, batch)
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(stack_loss))(params, batch)
     rows = []
     for name, strategy in STRATEGIES.items():
         plan = build_schedule(name, n_stages, n_microbatches)
-        fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, n_microbatches=n_microbatches)))
-        memory = hlo.memory_per_device(fn, params, batch)
-        buffers = activation_buffer_bytes(name, n_stages, n_microbatches,
-                                          batch_size=batch_size, width=width,
-                                          itemsize=np.dtype(batch[0].dtype).itemsize)
-        rows.append({"schedule": name, "peak in flight": int(plan.n_slots),
-                     "activation buffers": hlo.format_bytes(buffers),
-                     "compiled temporaries": hlo.format_bytes(memory.temp_bytes),
-                     "_buffers": buffers, "_temp": memory.temp_bytes})
+        loss_fn = strategy.loss(mesh, n_microbatches=n_microbatches)
+        compiled = hlo.compile(jax.jit(jax.value_and_grad(loss_fn)), params, batch)
+        loss, grads = compiled(params, batch)
+        error = max(float(jnp.max(jnp.abs(a - b))) for a, b in
+                    zip(jax.tree.leaves((loss, grads)), jax.tree.leaves((ref_loss, ref_grads))))
+        buffers = activation_buffer_bytes(
+            name, n_stages, n_microbatches, batch_size=batch_size // _data_size(mesh),
+            width=width, itemsize=np.dtype(batch[0].dtype).itemsize)
+        temp = hlo.memory_per_device(compiled).temp_bytes
+        rows.append({"schedule": name, "max |error|": f"{error:.1e}",
+                     "ppermutes": hlo.collective_counts(compiled)["collective-permute"],
+                     "in flight": int(plan.n_slots),
+                     "buffers": hlo.format_bytes(buffers),
+                     "XLA temporaries": hlo.format_bytes(temp),
+                     "_error": error, "_buffers": buffers, "_temp": temp})
     return rows
+
+
+def _data_size(mesh: Mesh) -> int:
+    return int(mesh.shape["data"]) if "data" in mesh.shape else 1
