@@ -62,6 +62,11 @@ def init_stack(key: Any, n_layers: int, width: int, *, dtype: Any = jnp.float32)
     key = checks.key("key", key)
     n_layers = checks.count("n_layers", n_layers)
     width = checks.count("width", width)
+    return _init_stack(key, n_layers, width, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _init_stack(key: jax.Array, n_layers: int, width: int, dtype: Any) -> Params:
     w = jax.random.normal(key, (n_layers, width, width), dtype) / math.sqrt(width)
     return {"w": w, "b": jnp.zeros((n_layers, width), dtype)}
 
@@ -86,8 +91,11 @@ def make_batch(key: Any, batch_size: int, width: int) -> Batch:
     """A synthetic regression batch: ``x`` standard normal, ``y = tanh(x @ T)`` for a fixed
     random teacher ``T`` scaled by ``1/sqrt(width)``."""
     key = checks.key("key", key)
-    batch_size = checks.count("batch_size", batch_size)
-    width = checks.count("width", width)
+    return _make_batch(key, checks.count("batch_size", batch_size), checks.count("width", width))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _make_batch(key: jax.Array, batch_size: int, width: int) -> Batch:
     kx, kt = jax.random.split(key)
     x = jax.random.normal(kx, (batch_size, width))
     teacher = jax.random.normal(kt, (width, width)) / math.sqrt(width)
