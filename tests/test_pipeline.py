@@ -42,7 +42,7 @@ def test_loss_and_gradients_equal_the_reference(model, schedule, n_stages, n_mic
     got = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1)))(params, batch)
     _assert_close(got, want)
     grads = got[1][0]
-    for leaf, grad in zip(jax.tree.leaves(params), jax.tree.leaves(grads)):
+    for leaf, grad in zip(jax.tree.leaves(params), jax.tree.leaves(grads), strict=True):
         assert grad.sharding.is_equivalent_to(leaf.sharding, leaf.ndim)  # gradients don't drift
 
 
@@ -113,7 +113,7 @@ def test_reference_is_the_squared_error_of_the_stack():
     params = pp.init_stack(0, 3, 4)
     x, y = pp.make_batch(1, 5, 4)
     h = np.asarray(x, np.float64)
-    for w, b in zip(np.asarray(params["w"]), np.asarray(params["b"])):
+    for w, b in zip(np.asarray(params["w"]), np.asarray(params["b"]), strict=True):
         h = np.tanh(h @ w + b)
     want = np.mean(np.sum((h - np.asarray(y)) ** 2, axis=-1))
     np.testing.assert_allclose(float(jax.jit(pp.stack_loss)(params, (x, y))), want, rtol=1e-5)

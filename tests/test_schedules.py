@@ -101,3 +101,19 @@ def test_rows_and_drawing():
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_bubble_rows_agree_with_closed_form():
+    rows = sch.bubble_rows(4, [1, 3, 8])
+    assert [r["steps"] for r in rows] == [8, 12, 22]
+    assert all(r["bubble (counted)"] == r["(S-1)/(M+S-1)"] for r in rows)
+    assert len(sch.plot_bubble([2], max_microbatches=3).axes) == 1
+
+
+def test_chapter_exercises():
+    # 1: eight stages need 63 microbatches for a bubble of at most 10 %
+    assert sch.bubble_fraction("gpipe", 8, 63) == pytest.approx(0.1)
+    assert sch.bubble_fraction("gpipe", 8, 62) > 0.1
+    # 2: with M <= S, 1F1B holds every microbatch, like GPipe
+    assert sch.build_schedule("1f1b", 4, 2).peak_in_flight().max() == 2
+    assert sch.build_schedule("gpipe", 4, 2).peak_in_flight().max() == 2

@@ -74,7 +74,7 @@ def _init_stack(key: jax.Array, n_layers: int, width: int, dtype: Any) -> Params
 def apply_layers(params: Params, x: jax.Array) -> jax.Array:
     """Run ``x: [B, width]`` through every layer of ``params`` in order, so the same function
     is the whole model and one stage's share of it."""
-    for w, b in zip(params["w"], params["b"]):
+    for w, b in zip(params["w"], params["b"], strict=True):
         x = jnp.tanh(x @ w + b)
     return x
 
@@ -133,10 +133,10 @@ def _varying(a: jax.Array, *, axes: tuple[str, ...]) -> jax.Array:
     return jax.lax.pcast(a, missing, to="varying") if missing else a
 
 
-def _run_schedule(params: Params, x: jax.Array, y: jax.Array, *, schedule: Schedule,
-                  data_axis: str | None) -> tuple[jax.Array, Params, jax.Array, jax.Array]:
-    """The per-device program: execute ``schedule`` on this stage's layers and this data
-    group's batch. Returns ``(loss, grads, dx, dy)`` (loss and dx/dy summed over stages)."""
+def _run_schedule(params: Params, x: jax.Array, y: jax.Array, *,
+                  schedule: Schedule, data_axis: str | None) -> tuple:
+    """The per-device program: run ``schedule`` on this stage's layers and
+    this data group's batch. Returns ``(loss, grads, dx, dy)``."""
     n_stages, n_micro = schedule.n_stages, schedule.n_microbatches
     stage = jax.lax.axis_index("stage")
     first, last = stage == 0, stage == n_stages - 1
@@ -144,69 +144,73 @@ def _run_schedule(params: Params, x: jax.Array, y: jax.Array, *, schedule: Sched
     xs = x.reshape(n_micro, -1, width)  # [M, mb, width]
     ys = y.reshape(n_micro, -1, width)
     axes = ("stage",) if data_axis is None else ("stage", data_axis)
-    zeros_mb = _varying(jnp.zeros_like(xs[0]), axes=axes)
-    # Per-group parameters: without the cast, autodiff of the replicated (data-invariant)
-    # parameters would psum every microbatch's gradient over 'data' inside each backward step.
-    params = jax.tree.map(functools.partial(_varying, axes=axes), params)
-    tables = {k: jnp.asarray(v) for k, v in schedule.tables().items()}  # each [T, S]
+    vary = functools.partial(_varying, axes=axes)
+    # Per-group parameters: else autodiff of the data-replicated parameters
+    # would psum each microbatch's gradient over 'data' in every backward.
+    params = jax.tree.map(vary, params)
+    zero_mb = vary(jnp.zeros_like(xs[0]))
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_loss = vary(jnp.zeros((), x.dtype))
     to_next = [(s, s + 1) for s in range(n_stages - 1)]
     to_prev = [(s + 1, s) for s in range(n_stages - 1)]
 
-    zero_grads = jax.tree.map(jnp.zeros_like, params)
-    zero_loss = _varying(jnp.zeros((), x.dtype), axes=axes)
+    # A branch sees one microbatch: its stored input, the gradient received
+    # for it, its target. It returns (loss term, parameter gradients,
+    # activation to send on, gradient to send back, d loss / d y).
+    def idle(x_in, g_in, y_m):
+        return zero_loss, zero_grads, zero_mb, zero_mb, zero_mb
 
-    # The branches see one microbatch (its stored input x_in, received gradient g_in and
-    # target y_m) and return (loss term, parameter gradients, activation to send forward,
-    # gradient to send back, d loss / d y). The slot buffers are read and written outside
-    # the branches, so XLA updates them in place instead of copying them into a conditional.
-    def idle(x_in, g_in, y_m):  # noqa: ANN001, ANN202
-        return zero_loss, zero_grads, zeros_mb, zeros_mb, zeros_mb
-
-    def forward(x_in, g_in, y_m):  # noqa: ANN001, ANN202
+    def forward(x_in, g_in, y_m):
         out = apply_layers(params, x_in)
-        err = jnp.where(last, jnp.sum((out - y_m) ** 2) / batch_size, 0.0)
-        return err, zero_grads, out, zeros_mb, zeros_mb
+        err = jnp.sum((out - y_m) ** 2) / batch_size
+        return jnp.where(last, err, 0.0), zero_grads, out, zero_mb, zero_mb
 
-    def backward(x_in, g_in, y_m):  # noqa: ANN001, ANN202
-        out, vjp = jax.vjp(apply_layers, params, x_in)  # recompute the stage, then pull back
-        d_out = 2 * (out - y_m) / batch_size  # d loss / d out on the last stage
+    def backward(x_in, g_in, y_m):
+        # recompute the stage from its stored input, then pull back
+        out, vjp = jax.vjp(apply_layers, params, x_in)
+        d_out = 2 * (out - y_m) / batch_size  # on the last stage
         d_params, d_in = vjp(jnp.where(last, d_out, g_in))
-        return zero_loss, d_params, zeros_mb, d_in, -d_out
+        return zero_loss, d_params, zero_mb, d_in, -d_out
 
     def step(c: dict, row: dict) -> tuple[dict, None]:
-        op = {k: v[stage] for k, v in row.items()}
+        op = {k: v[stage] for k, v in row.items()}  # this stage's entry
         kind, m, slot = op["kind"], op["micro"], op["slot"]
-        is_f, is_b = kind == FORWARD, kind == BACKWARD
-        x_in = jnp.where(first & is_f, xs[m], c["stash"][slot])  # stage 0 reads the batch
+        is_b = kind == BACKWARD
+        # stage 0 reads its forward's input from the batch
+        x_in = jnp.where(first & (kind == FORWARD), xs[m], c["stash"][slot])
         loss, d_params, send_f, send_b, d_y = jax.lax.switch(
             kind, [idle, forward, backward], x_in, c["grad_in"][slot], ys[m])
-        c = {"loss": c["loss"] + loss, "grads": jax.tree.map(jnp.add, c["grads"], d_params),
+        # the slot buffers are updated out here, in place
+        c = {"loss": c["loss"] + loss,
+             "grads": jax.tree.map(jnp.add, c["grads"], d_params),
              "stash": c["stash"].at[slot].set(x_in),
              "grad_in": c["grad_in"],
              "dx": c["dx"].at[m].set(jnp.where(is_b, send_b, c["dx"][m])),
              "dy": c["dy"].at[m].set(jnp.where(is_b, d_y, c["dy"][m]))}
-        got_f = jax.lax.ppermute(send_f, "stage", to_next)  # activation to stage s + 1
-        got_b = jax.lax.ppermute(send_b, "stage", to_prev)  # its gradient to stage s - 1
-        for buf, got, where in (("stash", got_f, op["recv_f"]), ("grad_in", got_b, op["recv_b"])):
-            slot = jnp.maximum(where, 0)
-            c[buf] = c[buf].at[slot].set(jnp.where(where >= 0, got, c[buf][slot]))
+        got_f = jax.lax.ppermute(send_f, "stage", to_next)  # to s + 1
+        got_b = jax.lax.ppermute(send_b, "stage", to_prev)  # to s - 1
+        for buf, got, to in (("stash", got_f, op["recv_f"]),
+                             ("grad_in", got_b, op["recv_b"])):
+            keep = c[buf][jnp.maximum(to, 0)]
+            c[buf] = c[buf].at[jnp.maximum(to, 0)].set(
+                jnp.where(to >= 0, got, keep))
         return c, None
 
-    n_slots = schedule.n_slots
-    carry = {"stash": jnp.zeros((n_slots, *xs.shape[1:]), x.dtype),
-             "grad_in": jnp.zeros((n_slots, *xs.shape[1:]), x.dtype),
-             "grads": jax.tree.map(jnp.zeros_like, params),
-             "loss": jnp.zeros((), x.dtype), "dx": jnp.zeros_like(xs), "dy": jnp.zeros_like(ys)}
-    carry = jax.tree.map(functools.partial(_varying, axes=axes), carry)
-    carry, _ = jax.lax.scan(step, carry, tables)
+    slots = jnp.zeros((schedule.n_slots, *xs.shape[1:]), x.dtype)
+    carry = {"stash": slots, "grad_in": slots, "grads": zero_grads,
+             "loss": zero_loss, "dx": jnp.zeros_like(xs),
+             "dy": jnp.zeros_like(ys)}
+    tables = {k: jnp.asarray(v) for k, v in schedule.tables().items()}
+    carry, _ = jax.lax.scan(step, jax.tree.map(vary, carry), tables)
 
     loss = jax.lax.psum(carry["loss"], "stage")
-    dx = jax.lax.psum(jnp.where(first, carry["dx"], 0.0), "stage").reshape(x.shape)
-    dy = jax.lax.psum(jnp.where(last, carry["dy"], 0.0), "stage").reshape(y.shape)
-    grads = carry["grads"]
-    if data_axis is not None:  # the global loss is the mean of the data groups' losses
+    dx = jax.lax.psum(jnp.where(first, carry["dx"], 0.0), "stage")
+    dy = jax.lax.psum(jnp.where(last, carry["dy"], 0.0), "stage")
+    dx, dy, grads = dx.reshape(x.shape), dy.reshape(y.shape), carry["grads"]
+    if data_axis is not None:  # the loss is the mean of the groups' losses
         n_data = jax.lax.axis_size(data_axis)
-        loss, grads = jax.lax.pmean(loss, data_axis), jax.lax.pmean(grads, data_axis)
+        loss = jax.lax.pmean(loss, data_axis)
+        grads = jax.lax.pmean(grads, data_axis)
         dx, dy = dx / n_data, dy / n_data
     return loss, grads, dx, dy
 
@@ -362,7 +366,7 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
         compiled = hlo.compile(jax.jit(jax.value_and_grad(loss_fn)), params, batch)
         loss, grads = compiled(params, batch)
         error = max(float(jnp.max(jnp.abs(a - b))) for a, b in
-                    zip(jax.tree.leaves((loss, grads)), jax.tree.leaves((ref_loss, ref_grads))))
+                    zip(jax.tree.leaves((loss, grads)), jax.tree.leaves((ref_loss, ref_grads)), strict=True))
         buffers = activation_buffer_bytes(
             name, n_stages, n_microbatches, batch_size=batch_size // _data_size(mesh),
             width=width, itemsize=np.dtype(batch[0].dtype).itemsize)

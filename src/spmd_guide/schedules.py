@@ -96,12 +96,13 @@ class Schedule:
         names = {IDLE: ".", FORWARD: "F", BACKWARD: "B"}
         return [{"stage": str(s), **{
             str(t): names[int(k)] + (str(int(m)) if k != IDLE else "")
-            for t, (k, m) in enumerate(zip(self.kind[:, s], self.micro[:, s]))}}
+            for t, (k, m) in enumerate(zip(self.kind[:, s], self.micro[:, s], strict=True))}}
             for s in range(self.n_stages)]
 
 
-def _order(name: str, n_stages: int, n_microbatches: int, stage: int) -> list[tuple[int, int]]:
-    """The fixed order of ``(kind, microbatch)`` operations one stage works through."""
+def _order(name: str, n_stages: int, n_microbatches: int,
+           stage: int) -> list[tuple[int, int]]:
+    """The fixed order of ``(kind, microbatch)`` one stage works through."""
     forwards = [(FORWARD, m) for m in range(n_microbatches)]
     backwards = [(BACKWARD, m) for m in range(n_microbatches)]
     if name == "gpipe":
@@ -128,7 +129,7 @@ def build_schedule(name: str, n_stages: int, n_microbatches: int) -> Schedule:
     position = [0] * n_stages
     steps: list[list[tuple[int, int]]] = []
     t = 0
-    while any(p < len(o) for p, o in zip(position, orders)):
+    while any(p < len(o) for p, o in zip(position, orders, strict=True)):
         row = []
         for s in range(n_stages):
             op = orders[s][position[s]] if position[s] < len(orders[s]) else None
@@ -174,8 +175,8 @@ def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = 
     from matplotlib.colors import to_rgb
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(4.0, 0.42 * schedule.n_steps + 1),
-                                      0.5 * schedule.n_stages + 0.9))
+        _, ax = plt.subplots(figsize=(max(4.0, 0.4 * schedule.n_steps + 1),
+                                      0.55 * schedule.n_stages + 1.0))
     colours = plt.get_cmap("tab10").colors
     for t in range(schedule.n_steps):
         for s in range(schedule.n_stages):
@@ -189,19 +190,56 @@ def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = 
             text = "black" if kind == FORWARD else "white"
             ax.add_patch(plt.Rectangle((t, s), 1, 1, facecolor=face, edgecolor="white"))
             ax.text(t + 0.5, s + 0.5, ("F" if kind == FORWARD else "B") + str(m),
-                    ha="center", va="center", fontsize=9, color=text)
+                    ha="center", va="center", fontsize=12, color=text)
     ax.set_xlim(0, schedule.n_steps)
     ax.set_ylim(schedule.n_stages, 0)
     ax.set_yticks(np.arange(schedule.n_stages) + 0.5, [f"stage {s}" for s in
                                                         range(schedule.n_stages)])
     ax.set_xticks(np.arange(0, schedule.n_steps, 2) + 0.5,
                   [str(t) for t in range(0, schedule.n_steps, 2)])
-    ax.set_xlabel("time step")
-    ax.tick_params(length=0)
+    ax.set_xlabel("time step", fontsize=13)
+    ax.tick_params(length=0, labelsize=13)
     for spine in ax.spines.values():
         spine.set_visible(False)
     ax.set_title(title or f"{schedule.name}: {schedule.n_stages} stages, "
                  f"{schedule.n_microbatches} microbatches, {schedule.idle_slots} idle slots",
-                 fontsize=11, loc="left")
+                 fontsize=13, loc="left")
     ax.figure.tight_layout()
     return ax.figure
+
+
+def bubble_rows(n_stages: int, microbatches: list[int]) -> list[dict[str, object]]:
+    """For each M: idle slots counted in both executed schedules, their bubble fractions and
+    the closed form, side by side."""
+    rows = []
+    for m in microbatches:
+        gpipe, one_f = (build_schedule(n, n_stages, m) for n in SCHEDULES)
+        rows.append({"M": m, "steps": gpipe.n_steps, "idle slots (gpipe)": gpipe.idle_slots,
+                     "idle slots (1f1b)": one_f.idle_slots,
+                     "bubble (counted)": f"{bubble_fraction('gpipe', n_stages, m):.3f}",
+                     "(S-1)/(M+S-1)": f"{closed_form_bubble(n_stages, m):.3f}"})
+    return rows
+
+
+def plot_bubble(stage_counts: list[int], *, max_microbatches: int = 32) -> object:
+    """Bubble fraction against M: dots counted from the GPipe and 1F1B schedules, lines the
+    closed form, one colour per number of stages. Returns the matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    ms = np.arange(1, max_microbatches + 1)
+    for i, s in enumerate(stage_counts):
+        ax.plot(ms, [closed_form_bubble(s, int(m)) for m in ms], color=f"C{i}",
+                label=f"S = {s}: (S-1)/(M+S-1)")
+        for name, marker in (("gpipe", "o"), ("1f1b", "x")):
+            ax.plot(ms, [bubble_fraction(name, s, int(m)) for m in ms], marker, color=f"C{i}",
+                    markersize=4, linestyle="none")
+    ax.plot([], [], "ko", markersize=4, label="counted, gpipe")
+    ax.plot([], [], "kx", markersize=4, label="counted, 1f1b")
+    ax.set_xlabel("microbatches M", fontsize=12)
+    ax.set_ylabel("bubble fraction", fontsize=12)
+    ax.tick_params(labelsize=12)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=11, frameon=False)
+    fig.tight_layout()
+    return fig
