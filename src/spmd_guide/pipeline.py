@@ -244,10 +244,10 @@ def pipelined_loss(mesh: Mesh, *, schedule: str, n_microbatches: int) -> LossFn:
     def check(params: Params, batch: Batch) -> None:
         n_layers, _, batch_size = check_stack(params, batch)
         checks.divisible("n_layers", n_layers, n_stages,
-                         why=f"into pipeline stages (mesh axis 'stage' of size {n_stages})")
-        where = f" over mesh axis 'data' (size {n_data})" if data_axis else ""
+                         why=f"(one group per stage of mesh axis 'stage', size {n_stages})")
+        where = f" on each of the {n_data} groups of mesh axis 'data'" if data_axis else ""
         checks.divisible("batch size", batch_size, n_data * n_micro,
-                         why=f"into {n_micro} microbatches{where}")
+                         why=f"({n_micro} microbatches{where})")
 
     @jax.custom_vjp
     def loss_and_grads(params: Params, batch: Batch) -> jax.Array:
@@ -287,7 +287,7 @@ class PipelineStrategy:
         devices = list(jax.devices() if devices is None else devices)
         data = checks.count("data", data)
         checks.divisible("number of devices", len(devices), data,
-                         why="into data-parallel groups")
+                         why="(the data-parallel groups)")
         if data == 1:
             return build_mesh((len(devices),), ("stage",), devices=devices)
         return build_mesh((data, len(devices) // data), ("data", "stage"), devices=devices)
@@ -305,7 +305,8 @@ class PipelineStrategy:
         checks.mesh("mesh", mesh)
         n_stages = checks.axis(mesh, "stage", name="pipeline axis")
         n_layers, _, batch_size = check_stack(params, batch)
-        checks.divisible("n_layers", n_layers, n_stages, why="into pipeline stages")
+        checks.divisible("n_layers", n_layers, n_stages,
+                         why=f"(one group per stage of mesh axis 'stage', size {n_stages})")
         if "data" in mesh.shape:
             checks.divisible("batch size", batch_size, mesh.shape["data"],
                              why="over mesh axis 'data'")
