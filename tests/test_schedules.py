@@ -117,3 +117,9 @@ def test_chapter_exercises():
     # 2: with M <= S, 1F1B holds every microbatch, like GPipe
     assert sch.build_schedule("1f1b", 4, 2).peak_in_flight().max() == 2
     assert sch.build_schedule("gpipe", 4, 2).peak_in_flight().max() == 2
+
+
+def test_in_flight_rows_match_the_chapter():
+    assert sch.in_flight_rows(4, 8) == [
+        {"stage": 0, "gpipe": 8, "1f1b": 4}, {"stage": 1, "gpipe": 8, "1f1b": 4},
+        {"stage": 2, "gpipe": 8, "1f1b": 3}, {"stage": 3, "gpipe": 8, "1f1b": 2}]

@@ -34,6 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide import checks, hlo
 from spmd_guide.devices import build_mesh
+from spmd_guide.display import Table
 from spmd_guide.schedules import (  # noqa: F401  (re-exported: the Part's one face)
     BACKWARD,
     FORWARD,
@@ -44,6 +45,7 @@ from spmd_guide.schedules import (  # noqa: F401  (re-exported: the Part's one f
     build_schedule,
     closed_form_bubble,
     draw_schedule,
+    in_flight_rows,
 )
 
 #: ``{"w": [L, width, width], "b": [L, width]}``.
@@ -379,6 +381,11 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
                      "XLA temporaries": hlo.format_bytes(temp),
                      "_error": error, "_buffers": buffers, "_temp": temp})
     return rows
+
+
+def profile_table(rows: list[dict[str, Any]]) -> Table:
+    """The rows of :func:`profile` as a page table (without the raw numbers)."""
+    return Table([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
 
 
 def _data_size(mesh: Mesh) -> int:

@@ -243,3 +243,9 @@ def plot_bubble(stage_counts: list[int], *, max_microbatches: int = 32) -> objec
     ax.legend(fontsize=11, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def in_flight_rows(n_stages: int, n_microbatches: int) -> list[dict[str, int]]:
+    """Per stage: the most microbatches it holds at once under each schedule."""
+    peaks = {n: build_schedule(n, n_stages, n_microbatches).peak_in_flight() for n in SCHEDULES}
+    return [{"stage": s, **{n: int(p[s]) for n, p in peaks.items()}} for s in range(n_stages)]
