@@ -56,7 +56,7 @@ def test_in_flight_gpipe_holds_all_1f1b_at_most_the_stages(n_stages, n_micro):
         assert held <= min(n_stages - s + 1, n_micro)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(sizes)
 def test_slots_of_microbatches_in_flight_never_collide(case):
     name, n_stages, n_micro = case
