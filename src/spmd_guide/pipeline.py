@@ -89,6 +89,10 @@ def stack_loss(params: Params, batch: Batch) -> jax.Array:
     return jnp.mean(jnp.sum(error**2, axis=-1))
 
 
+#: ``(loss, grads)`` of :func:`stack_loss`, jitted once for the module.
+reference_value_and_grad = jax.jit(jax.value_and_grad(stack_loss))
+
+
 def make_batch(key: Any, batch_size: int, width: int) -> Batch:
     """A synthetic regression batch: ``x`` standard normal, ``y = tanh(x @ T)`` for a fixed
     random teacher ``T`` scaled by ``1/sqrt(width)``."""
@@ -361,7 +365,7 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
     implies, and the temporaries XLA's memory analysis reports per device."""
     n_stages = checks.axis(mesh, "stage", name="pipeline axis")
     _, width, batch_size = check_stack(params, batch)
-    ref_loss, ref_grads = jax.jit(jax.value_and_grad(stack_loss))(params, batch)
+    ref_loss, ref_grads = reference_value_and_grad(params, batch)
     rows = []
     for name, strategy in STRATEGIES.items():
         plan = build_schedule(name, n_stages, n_microbatches)
