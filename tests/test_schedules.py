@@ -123,3 +123,13 @@ def test_in_flight_rows_match_the_chapter():
     assert sch.in_flight_rows(4, 8) == [
         {"stage": 0, "gpipe": 8, "1f1b": 4}, {"stage": 1, "gpipe": 8, "1f1b": 4},
         {"stage": 2, "gpipe": 8, "1f1b": 3}, {"stage": 3, "gpipe": 8, "1f1b": 2}]
+
+
+@pytest.mark.parametrize("name", sch.SCHEDULES)
+def test_chapter_exercise_on_messages(name):
+    # 3: two ppermutes per step, 2 (M + S - 1) steps; (S - 1) M useful messages each way
+    plan = sch.build_schedule(name, 4, 8)
+    tables = plan.tables()
+    assert 2 * plan.n_steps == 44
+    assert int((tables["recv_f"] >= 0).sum()) == int((tables["recv_b"] >= 0).sum()) == 24
+    assert 2 * plan.n_steps * plan.n_stages == 176
