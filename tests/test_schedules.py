@@ -133,3 +133,12 @@ def test_chapter_exercise_on_messages(name):
     assert 2 * plan.n_steps == 44
     assert int((tables["recv_f"] >= 0).sum()) == int((tables["recv_b"] >= 0).sum()) == 24
     assert 2 * plan.n_steps * plan.n_stages == 176
+
+
+def test_scrolling_figure_keeps_natural_width_and_alt_text():
+    fig = sch.draw_schedule(sch.build_schedule("1f1b", 2, 3))
+    shown = sch.ScrollingFigure(fig, alt='a "grid"')._repr_html_()
+    assert "overflow-x:auto" in shown and 'alt="a &quot;grid&quot;"' in shown
+    natural = int(fig.get_figwidth() * 100)
+    assert f"max-width:{natural}px" in shown
+    assert f"min-width:{int(natural * 11 / (12 * 100 / 72))}px" in shown  # 12 pt -> 11 px
