@@ -1,0 +1,126 @@
+"""Pipelined losses against the one-device reference: loss, parameter and batch gradients,
+on 2, 4 and 8 stages, a (data, stage) mesh, layouts that never drift, and bad input."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from conftest import DEVICES
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import pipeline as pp
+from spmd_guide.checks import InputError, InputTypeError
+
+LAYERS, WIDTH, BATCH = 8, 8, 24  # the chapter uses 8 x 128 and a batch of 256
+
+
+@pytest.fixture(scope="module")
+def model():
+    params = pp.init_stack(jax.random.key(3), LAYERS, WIDTH)
+    batch = pp.make_batch(jax.random.key(4), BATCH, WIDTH)
+    value, grads = jax.jit(jax.value_and_grad(pp.stack_loss, argnums=(0, 1)))(params, batch)
+    return params, batch, (value, grads)
+
+
+def _assert_close(got, want):
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize(("n_stages", "n_micro"), [(4, 6), (8, 2)])
+def test_loss_and_gradients_equal_the_reference(model, n_stages, n_micro):
+    """Both schedules in one compiled program (one compilation instead of two); 2 stages
+    are in test_profile_counts_buffers_and_memory_gap, M < S is (8, 2)."""
+    params, batch, want = model
+    mesh = pp.STRATEGIES["gpipe"].mesh(DEVICES[:n_stages])
+    params, batch = pp.STRATEGIES["gpipe"].shard(params, batch, mesh)
+    loss_fns = [s.loss(mesh, n_microbatches=n_micro) for s in pp.STRATEGIES.values()]
+    both = jax.jit(lambda p, b: [jax.value_and_grad(f, argnums=(0, 1))(p, b) for f in loss_fns])
+    for got in both(params, batch):
+        _assert_close(got, want)
+        for leaf, grad in zip(jax.tree.leaves(params), jax.tree.leaves(got[1][0]), strict=True):
+            assert grad.sharding.is_equivalent_to(leaf.sharding, leaf.ndim)  # no drift
+
+
+def test_data_by_stage_training_keeps_layouts(model):
+    params, batch, (want_loss, (want_grads, _)) = model
+    strategy = pp.STRATEGIES["1f1b"]
+    mesh = strategy.mesh(DEVICES[:8], data=2)
+    assert dict(mesh.shape) == {"data": 2, "stage": 4}
+    params, batch = strategy.shard(params, batch, mesh)
+    assert batch[0].sharding.spec == P("data")
+    step = pp.make_train_step(strategy, mesh, n_microbatches=3, learning_rate=0.1)
+    new, loss = step(params, batch)
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=2e-5)
+    _assert_close(new, jax.tree.map(lambda p, g: p - 0.1 * g, params, want_grads))
+    losses = [float(loss)]
+    for _ in range(3):
+        for leaf in jax.tree.leaves(new):
+            assert leaf.sharding == NamedSharding(mesh, P("stage"))
+        new, loss = step(new, batch)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+
+
+def test_profile_counts_buffers_and_memory_gap(model):
+    params, batch, _ = model
+    strategy = pp.STRATEGIES["gpipe"]
+    mesh = strategy.mesh(DEVICES[:2])
+    params, batch = strategy.shard(params, batch, mesh)
+    rows = pp.profile(params, batch, mesh, n_microbatches=6)
+    assert "_temp" not in str(pp.profile_table(rows))
+    rows = {r["schedule"]: r for r in rows}
+    assert rows["gpipe"]["in flight"] == 6 and rows["1f1b"]["in flight"] == 2
+    assert all(r["_error"] < 1e-4 and r["ppermutes"] == 2 for r in rows.values())
+    saved = rows["gpipe"]["_buffers"] - rows["1f1b"]["_buffers"]
+    assert saved == 2 * (6 - 2) * (BATCH // 6) * WIDTH * 4
+    assert rows["gpipe"]["_temp"] - rows["1f1b"]["_temp"] == saved
+
+
+def _stack(n_layers, width, batch_size, features=None):
+    """Arrays of the right shapes (NumPy: the checks look at shapes only)."""
+    params = {"w": np.zeros((n_layers, width, width), np.float32),
+              "b": np.zeros((n_layers, width), np.float32)}
+    x = np.zeros((batch_size, features or width), np.float32)
+    return params, (x, x)
+
+
+def _bad_cases():
+    mesh4 = pp.STRATEGIES["gpipe"].mesh(DEVICES[:4])
+    loss = pp.STRATEGIES["gpipe"].loss(mesh4, n_microbatches=4)
+    params6, batch = _stack(6, 4, 8)
+    params8, _ = _stack(8, 4, 8)
+    return [
+        (lambda: loss(params6, batch), InputError, "n_layers = 6 .* 4"),
+        (lambda: loss(*_stack(8, 4, 6)), InputError, "batch size = 6 .* 4"),
+        (lambda: loss(params8, _stack(8, 4, 8, features=5)[1]), InputError, "width 4"),
+        (lambda: loss({"w": params8["w"]}, batch), InputTypeError, "dict"),
+        (lambda: loss(params8, batch[0]), InputTypeError, "pair"),
+        (lambda: pp.STRATEGIES["1f1b"].loss(mesh4, n_microbatches=0), InputError, "at least 1"),
+        (lambda: pp.STRATEGIES["1f1b"].loss(jax.make_mesh((2,), ("x",), devices=DEVICES[:2]),
+                                            n_microbatches=2), InputError, "'stage'"),
+        (lambda: pp.STRATEGIES["gpipe"].mesh(DEVICES[:8], data=3), InputError, "divisible by 3"),
+        (lambda: pp.STRATEGIES["gpipe"].shard(params6, batch, mesh4), InputError, "n_layers"),
+        (lambda: pp.init_stack(0, 0, 4), InputError, "n_layers"),
+        (lambda: pp.init_stack(0.5, 2, 4), InputTypeError, "key"),
+        (lambda: pp.make_train_step(pp.STRATEGIES["gpipe"], mesh4, n_microbatches=2,
+                                    learning_rate=-1.0), InputError, "positive"),
+    ]
+
+
+def test_bad_input_is_refused_before_any_computation():
+    for call, error, word in _bad_cases():
+        with pytest.raises(error, match=word):
+            call()
+
+
+def test_reference_is_the_squared_error_of_the_stack(model):
+    params, (x, y), (value, _) = model
+    h = np.asarray(x, np.float64)
+    for w, b in zip(np.asarray(params["w"]), np.asarray(params["b"]), strict=True):
+        h = np.tanh(h @ w + b)
+    want = np.mean(np.sum((h - np.asarray(y)) ** 2, axis=-1))
+    np.testing.assert_allclose(float(value), want, rtol=1e-5)
+    assert float(np.std(params["w"])) == pytest.approx(WIDTH ** -0.5, rel=0.3)
