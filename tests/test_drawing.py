@@ -37,7 +37,8 @@ def _shown(figure_html: str) -> tuple[float, float]:
 def test_drawing_is_a_base_module_and_the_one_palette():
     imported = {node.module for node in ast.walk(ast.parse(SOURCE.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert {name for name in imported if name.startswith("spmd_guide")} <= {"spmd_guide.display"}
+    assert {name for name in imported if name.startswith("spmd_guide")} <= {
+        "spmd_guide.display", "spmd_guide.checks"}
     assert show.PALETTE is drawing.PALETTE and C.device_color is drawing.device_color
     assert show.Html is drawing.Html and C.Panel is drawing.Panel
     assert show.tpu_v3_tray is tpu_ring.tpu_v3_tray

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from spmd_guide import schedules as sch
 from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.drawing import show_figure
 
 sizes = st.tuples(st.sampled_from(sch.SCHEDULES), st.integers(1, 8), st.integers(1, 12))
 
@@ -135,10 +136,7 @@ def test_chapter_exercise_on_messages(name):
     assert 2 * plan.n_steps * plan.n_stages == 176
 
 
-def test_scrolling_figure_keeps_natural_width_and_alt_text():
+def test_schedule_figure_shows_as_svg_with_its_alt_text():
     fig = sch.draw_schedule(sch.build_schedule("1f1b", 2, 3))
-    shown = sch.ScrollingFigure(fig, alt='a "grid"')._repr_html_()
-    assert "overflow-x:auto" in shown and 'alt="a &quot;grid&quot;"' in shown
-    natural = int(fig.get_figwidth() * 100)
-    assert f"max-width:{natural}px" in shown
-    assert f"min-width:{int(natural * 11 / (12 * 100 / 72))}px" in shown  # 12 pt -> 11 px
+    shown = show_figure(fig, alt='a "grid"')._repr_html_()
+    assert "image/svg+xml" in shown and "alt='a &quot;grid&quot;'" in shown

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from spmd_guide.checks import InputTypeError
 from spmd_guide.display import (  # noqa: F401 - re-exported: the figures' palette and fonts
     FONT_CSS,
     FONT_STACK,
@@ -115,6 +116,17 @@ def figure_html(fig: Any, *, alt: str | None = None) -> str:
     return (f"<div class='spmd-figure'><img src='data:image/svg+xml;base64,{data}' "
             f"alt='{html.escape(alt, quote=True)}' width='{width:.0f}' height='{height:.0f}' "
             f"style='min-width:{narrowest}px'></div>")
+
+
+def show_figure(fig: Any, *, alt: str) -> Html:
+    """A finished figure as displayable HTML (SVG, with ``alt``), closed for pyplot."""
+    import matplotlib.pyplot as plt
+
+    if not isinstance(alt, str) or not alt.strip():
+        raise InputTypeError("a figure needs alt text: say in words what it shows.")
+    shown = Html(html=figure_html(fig, alt=alt), text=alt)
+    plt.close(fig)
+    return shown
 
 
 def figure_bundle(fig: Any) -> dict[str, str]:

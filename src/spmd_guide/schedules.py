@@ -249,34 +249,3 @@ def in_flight_rows(n_stages: int, n_microbatches: int) -> list[dict[str, int]]:
     """Per stage: the most microbatches it holds at once under each schedule."""
     peaks = {n: build_schedule(n, n_stages, n_microbatches).peak_in_flight() for n in SCHEDULES}
     return [{"stage": s, **{n: int(p[s]) for n, p in peaks.items()}} for s in range(n_stages)]
-
-
-class ScrollingFigure:
-    """A matplotlib figure (2x PNG) that shrinks to the text column only as far as its
-    smallest text stays 11 px tall, and scrolls sideways in its own box below that (phones).
-
-    ``smallest_pt`` is the figure's smallest font size in points. (A general helper; it
-    lives here until the base drawing module has one.)
-    """
-
-    def __init__(self, fig: object, *, alt: str, smallest_pt: float = 12, dpi: int = 100):
-        import base64
-        import io
-
-        import matplotlib.pyplot as plt
-
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=2 * dpi)
-        plt.close(fig)
-        self.width = int(fig.get_figwidth() * dpi)
-        self.min_width = int(self.width * min(1.0, 11 / (smallest_pt * dpi / 72)))
-        self.alt = alt
-        self.data = base64.b64encode(buffer.getvalue()).decode("ascii")
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return (f'<div style="overflow-x:auto;max-width:100%">'
-                f'<img src="data:image/png;base64,{self.data}" alt="{html.escape(self.alt)}" '
-                f'style="width:100%;max-width:{self.width}px;min-width:{self.min_width}px">'
-                f'</div>')
