@@ -94,7 +94,7 @@ def _bad_cases():
     params8, _ = _stack(8, 4, 8)
     return [
         (lambda: loss(params6, batch), InputError, "n_layers is 6, .* 4"),
-        (lambda: loss(*_stack(8, 4, 6)), InputError, "batch size = 6 .* 4"),
+        (lambda: loss(*_stack(8, 4, 6)), InputError, "batch size is 6, .* 4"),
         (lambda: loss(params8, _stack(8, 4, 8, features=5)[1]), InputError, "width 4"),
         (lambda: loss({"w": params8["w"]}, batch), InputTypeError, "dict"),
         (lambda: loss(params8, batch[0]), InputTypeError, "pair"),
