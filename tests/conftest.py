@@ -1,64 +1,18 @@
-"""Test setup: one process with 8 CPU mock devices, plus a runner for other device counts.
+"""Test setup: one process with 8 CPU mock devices (see ``helpers``), and its fixtures.
 
-The CPU device count is fixed once JAX's backends start, so it is set here, before any test
-module imports JAX. Most "on 1, 2, 4 and 8 devices" checks need no new process: build a mesh
-over the first k of the 8 devices (``mesh_of(k)``). A check whose subject *is* the process's
-device count (``ensure_devices``, multi-process runs) uses ``run_python`` instead.
+The CPU device count is fixed once JAX's backends start, so ``helpers`` sets it on import,
+before any test module imports JAX. Most "on 1, 2, 4 and 8 devices" checks need no new
+process: build a mesh over the first k of the 8 devices (``helpers.mesh_of(k)``). A check
+whose subject *is* the process's device count uses ``helpers.run_python``.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Tests compile hundreds of small programs: skip LLVM's code optimisation (about a fifth of
-# the suite's time). It changes only machine-code generation, not the HLO passes that decide
-# shardings and collectives, which is what the tests pin.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
-
-from spmd_guide import ensure_devices  # noqa: E402
-
-DEVICES = ensure_devices(8)
-
-
-def run_python(code: str, *, devices: int | None = None, timeout: float = 120) -> str:
-    """Run ``code`` in a fresh Python with ``devices`` CPU devices; return its stdout.
-
-    Fails the test with the child's stderr if it exits non-zero.
-    """
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    if devices is not None:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"child Python failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    return proc.stdout
+from helpers import DEVICES
 
 
 @pytest.fixture(scope="session")
 def devices():
     """The session's 8 CPU devices."""
     return DEVICES
-
-
-def mesh_of(k: int, names: tuple[str, ...] = ("x",), shape: tuple[int, ...] | None = None, *,
-            explicit: bool = False):
-    """A mesh over the first ``k`` devices (Auto axes unless ``explicit``)."""
-    import jax
-    from jax.sharding import AxisType
-
-    shape = shape or (k,)
-    kind = AxisType.Explicit if explicit else AxisType.Auto
-    return jax.make_mesh(shape, names, axis_types=(kind,) * len(names), devices=DEVICES[:k])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 
 from spmd_guide import axes, checks, hlo, moe
 

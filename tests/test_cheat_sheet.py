@@ -6,7 +6,7 @@ import dataclasses
 
 import jax
 import pytest
-from conftest import DEVICES
+from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 from jax import P
 from matplotlib.patches import FancyArrowPatch, Rectangle
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, SingleDeviceSharding

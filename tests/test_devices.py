@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import run_python
+from helpers import run_python
 from jax.sharding import AxisType
 
 from spmd_guide import checks, ensure_devices, environment_summary

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import matplotlib.pyplot as plt
 import pytest
-from conftest import DEVICES
+from helpers import DEVICES
 
 from spmd_guide import checks, hlo, nn, profiling
 

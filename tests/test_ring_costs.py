@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 
 from spmd_guide import checks, hlo, ring_costs
 

@@ -9,7 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding

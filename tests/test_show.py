@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import DEVICES, mesh_of
+from helpers import DEVICES, mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import mesh_utils

@@ -7,7 +7,7 @@ import re
 import jax
 import numpy as np
 import pytest
-from conftest import DEVICES
+from helpers import DEVICES
 
 from spmd_guide import checks, hlo, nn, strategies, traced
 

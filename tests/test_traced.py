@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import mesh_of
+from helpers import mesh_of
 
 from spmd_guide import checks, traced
 

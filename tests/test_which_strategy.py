@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import DEVICES
+from helpers import DEVICES
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
