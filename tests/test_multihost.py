@@ -11,7 +11,6 @@ import math
 import os
 import socket
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -265,36 +264,6 @@ def test_saved_problem_loads_back_exactly(tmp_path):
     for (w, b), (lw, lb) in zip(params, loaded_params, strict=True):
         np.testing.assert_array_equal(lw, np.asarray(w))
         np.testing.assert_array_equal(lb, np.asarray(b))
-
-
-def test_exercise_slurm_detection_reads_the_job_environment():
-    from jax._src.clusters import SlurmCluster
-
-    answer = examples.slurm_detection_example()
-    assert answer["detected"] is True
-    assert answer["coordinator_address"] == "node001:" + str(12345 % 2**12 + 65535 - 2**12 + 1)
-    assert answer["num_processes"] == 8 and answer["process_id"] == 5
-    assert answer["local_device_ids"] == [1]
-    assert not SlurmCluster.is_env_present()  # the example did not leak its environment
-
-
-def test_exercise_hybrid_mesh_for_four_hosts_of_eight_gpus():
-    from jax.experimental import mesh_utils
-
-    @dataclass(frozen=True)
-    class StandIn:
-        id: int
-        process_index: int
-        platform: str = "gpu"
-        device_kind: str = "stand-in GPU"
-
-    devices = [StandIn(8 * host + i, host) for host in range(4) for i in range(8)]
-    mesh = mesh_utils.create_hybrid_device_mesh((1, 8), (4, 1), devices,
-                                                process_is_granule=True)
-    assert mesh.shape == (4, 8)
-    assert [{d.process_index for d in row} for row in mesh] == [{0}, {1}, {2}, {3}]
-    assert examples.hybrid_mesh_example() == {
-        "shape": [4, 8], "row_hosts": [[0], [1], [2], [3]]}
 
 
 @pytest.mark.parametrize("error, code", [

@@ -47,9 +47,6 @@ BAD_INPUT = [
     ("examples 0", lambda p: examples.example_problem(num_examples=0), InputError,
      "num_examples"),
     ("save to None", lambda p: examples.save_problem(None), InputTypeError, "file name"),
-    ("hosts 0", lambda p: examples.hybrid_mesh_example(hosts=0), InputError, "hosts"),
-    ("slurm env not a dict", lambda p: examples.slurm_detection_example(env=5),
-     InputTypeError, "env"),
     ("compare a string", lambda p: examples.compare_to_reference("r", {}), InputTypeError,
      "launch"),
 ]

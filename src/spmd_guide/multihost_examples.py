@@ -13,7 +13,6 @@ import re
 import textwrap
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -326,66 +325,3 @@ SLURM_EXAMPLE_ENV = {
 """What ``srun --nodes=4 --ntasks-per-node=2`` sets for its sixth task (the second on node002)."""
 
 
-def slurm_detection_example(env: dict[str, str] = SLURM_EXAMPLE_ENV) -> dict[str, Any]:
-    """What an argument-less ``jax.distributed.initialize()`` would use under SLURM's variables.
-
-    Runs the detection step of ``initialize`` (``ClusterEnv.auto_detect_unset_distributed_params``,
-    a private part of JAX) with ``env`` set for the duration of the call only; it connects
-    to nothing.
-    """
-    from unittest import mock
-
-    from jax._src.clusters import ClusterEnv, SlurmCluster
-
-    if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise checks.InputTypeError(
-            f"env must be a dict of environment variables (str to str), got {env!r:.60}.")
-
-    with mock.patch.dict(os.environ, env):
-        for other in ("OMPI_MCA_orte_hnp_uri", "JAX_COORDINATOR_PORT"):
-            os.environ.pop(other, None)
-        detected = SlurmCluster.is_env_present()
-        address, count, index, local_ids = ClusterEnv.auto_detect_unset_distributed_params(
-            None, None, None, None, None, 300)
-    return {"detected": detected, "coordinator_address": address, "num_processes": count,
-            "process_id": index, "local_device_ids": None if local_ids is None else list(local_ids)}
-
-
-@dataclass(frozen=True)
-class StandInDevice:
-    """Enough of a device for mesh planning: an id, its process (host) and its kind."""
-
-    id: int
-    process_index: int
-    platform: str = "gpu"
-    device_kind: str = "stand-in GPU"
-
-
-def hybrid_mesh_example(*, hosts: int = 4, devices_per_host: int = 8) -> dict[str, Any]:
-    """Plan a ``("data", "fsdp")`` mesh for ``hosts`` hosts without having them.
-
-    ``fsdp`` spans the devices of one host (fast links), ``data`` spans the hosts (network).
-    Returns the mesh shape and, per row, which hosts its devices are on.
-    """
-    hosts = checks.count("hosts", hosts)
-    devices_per_host = checks.count("devices_per_host", devices_per_host)
-    devices = [StandInDevice(devices_per_host * host + i, host)
-               for host in range(hosts) for i in range(devices_per_host)]
-    mesh = mesh_utils.create_hybrid_device_mesh(
-        mesh_shape=(1, devices_per_host), dcn_mesh_shape=(hosts, 1), devices=devices,
-        process_is_granule=True)
-    return {"shape": list(mesh.shape),
-            "row_hosts": [sorted({d.process_index for d in row}) for row in mesh]}
-
-
-def cluster_detectors() -> list[dict[str, Any]]:
-    """The cluster environments an argument-less ``jax.distributed.initialize()`` tries, in order.
-
-    Read from JAX's (private) registry of ``ClusterEnv`` subclasses; ``opt_in`` ones are used
-    only when named with ``cluster_detection_method=``.
-    """
-    from jax._src.clusters import ClusterEnv
-
-    return [{"class": env.__name__, "name": env.name or "-", "opt_in": env.opt_in_only_method}
-            for env in ClusterEnv._cluster_types]
