@@ -43,8 +43,7 @@ def main(argv: list[str]) -> int:
     import numpy as np
     from tabulate import tabulate
 
-    from spmd_guide import collective_matmul as cm
-    from spmd_guide import environment_summary, hlo, ring_costs
+    from spmd_guide import collective_matmul, environment_summary, hlo, ring_costs
     from spmd_guide.timing import time_fn
 
     devices = jax.devices()
@@ -71,7 +70,7 @@ def main(argv: list[str]) -> int:
         lhs = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
         rhs = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
         medians = {}
-        for name in cm.VARIANTS:
+        for name in collective_matmul.VARIANTS:
             program = ring_costs.compile_variant(name, lhs, rhs, mesh, "x")
             timing = time_fn(program.program, program.lhs, program.rhs,
                              runs=args.runs, label=name)

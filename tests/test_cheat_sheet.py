@@ -10,8 +10,7 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import cheat_sheet as cs
-from spmd_guide import nn
+from spmd_guide import cheat_sheet, nn
 from spmd_guide.checks import InputError, InputTypeError
 
 SIZES = [8, 16, 8]
@@ -27,12 +26,12 @@ def _model(batch_size: int = 16, sizes=tuple(SIZES)):
 def _layout(name, k, sizes=tuple(SIZES)):
     """One layout per (strategy, devices, sizes), computed once for the module."""
     if (name, k, sizes) not in _LAYOUTS:
-        _LAYOUTS[name, k, sizes] = cs.layout(name, *_model(sizes=sizes), devices=DEVICES[:k])
+        _LAYOUTS[name, k, sizes] = cheat_sheet.layout(name, *_model(sizes=sizes), devices=DEVICES[:k])
     return _LAYOUTS[name, k, sizes]
 
 
 def _specs(tree, leaves_like):
-    return [cs.spec_text(a.sharding, a.ndim) for a in jax.tree.leaves(tree)]
+    return [cheat_sheet.spec_text(a.sharding, a.ndim) for a in jax.tree.leaves(tree)]
 
 
 @pytest.mark.parametrize(("name", "k", "sizes"), [
@@ -47,13 +46,13 @@ def test_sheet_matches_the_arrays_the_programs_return(name, k, sizes):
     flat = lambda pairs: [s for pair in pairs for s in pair]  # noqa: E731
     # run the programs and read the arrays they return
     assert flat(lay.params) == _specs(placed, placed)
-    assert lay.batch == cs.spec_text(placed_batch[0].sharding, 2)
-    assert flat(lay.grads) == _specs(cs.gradient_program(loss)(placed, placed_batch), placed)
+    assert lay.batch == cheat_sheet.spec_text(placed_batch[0].sharding, 2)
+    assert flat(lay.grads) == _specs(cheat_sheet.gradient_program(loss)(placed, placed_batch), placed)
     new_params, _ = nn.make_sgd_step(loss, learning_rate=0.01)(placed, placed_batch)
     assert flat(lay.updated) == _specs(new_params, placed)
     assert list(lay.activations) == _specs(jax.jit(nn.layer_outputs)(placed, placed_batch[0]),
                                           None)
-    state = jax.jit(cs.adamw().init)(placed)
+    state = jax.jit(cheat_sheet.adamw().init)(placed)
     assert flat(lay.adam_mu) == _specs(state[0].mu, placed)
     assert lay.mesh_shape == dict(mesh.shape)
     assert lay.param_bytes_total == sum(4 * (a * b + b) for a, b in zip(sizes, sizes[1:], strict=False))
@@ -70,48 +69,48 @@ def test_layouts_the_strategies_promise():
     assert fsdp.param_bytes_per_device * 4 == fsdp.param_bytes_total
     assert dp.param_bytes_per_device == dp.param_bytes_total
     assert dp.grads_match_params and dp.step_keeps_layout
-    for part, columns in cs.COLUMNS.items():
-        table = cs.sheet_table([dp, fsdp], part=part)
+    for part, columns in cheat_sheet.COLUMNS.items():
+        table = cheat_sheet.sheet_table([dp, fsdp], part=part)
         assert table.headers == list(columns) and table.rows[1]["strategy"].startswith("fsdp")
-    assert "P('batch', None)" in str(cs.sheet_table([fsdp]))
+    assert "P('batch', None)" in str(cheat_sheet.sheet_table([fsdp]))
     assert dp.collective_counts["all-reduce"] >= 1 and fsdp.collective_counts["all-gather"] >= 1
     # AdamW's state initialised under a bare jit lands on one device, whatever the params
     assert set(fsdp.adam_mu) == {("device 0 only", "device 0 only")}
     assert not fsdp.adam_matches_params
     placed, _ = nn.STRATEGIES["fsdp"].shard(params, batch, nn.STRATEGIES["fsdp"].mesh(DEVICES[:4]))
     for how in ("eager", "pinned"):
-        mu, nu = cs.adam_state_shardings(placed, how=how)
-        assert cs._pairs(mu, placed) == cs._pairs(nu, placed) == fsdp.params
-    pinned = cs.pinned_init(cs.adamw(), placed)(placed)
+        mu, nu = cheat_sheet.adam_state_shardings(placed, how=how)
+        assert cheat_sheet._pairs(mu, placed) == cheat_sheet._pairs(nu, placed) == fsdp.params
+    pinned = cheat_sheet.pinned_init(cheat_sheet.adamw(), placed)(placed)
     assert [a.sharding for a in jax.tree.leaves(pinned[0].mu)] == [
         a.sharding for a in jax.tree.leaves(placed)]
 
 
 def test_spec_text_and_family():
     mesh = jax.make_mesh((2, 2), ("a", "b"), devices=DEVICES[:4])
-    assert cs.spec_text(NamedSharding(mesh, P("a")), 2) == "P('a', None)"
-    assert cs.spec_text(NamedSharding(mesh, P()), 3) == "P()"
-    assert cs.spec_text(NamedSharding(mesh, P(("a", "b"), None)), 2) == "P(('a', 'b'), None)"
-    assert cs.spec_text(jax.sharding.SingleDeviceSharding(DEVICES[3]), 1) == "device 3 only"
-    assert cs.spec_of(NamedSharding(mesh, P("a")), 2) == P("a", None)
-    assert cs.family({"batch": 8}, "P('batch', None)", ["P()"]) == "DP"
-    assert cs.family({"batch": 8}, "P('batch', None)", ["P('batch', None)"]) == "FSDP"
-    assert cs.family({"model": 8}, "P(None, 'model')", ["P('model', None)"]) == "TP"
-    assert cs.family({"d": 4, "m": 2}, "P('d', None)", ["P()"]) == "2-D"
-    assert cs.per_layer(["P()"] * 3) == "P()"
-    assert cs.per_layer(["P()", "X", "X", "P()"]) == "L0: P()\nL1-2: X\nL3: P()"
+    assert cheat_sheet.spec_text(NamedSharding(mesh, P("a")), 2) == "P('a', None)"
+    assert cheat_sheet.spec_text(NamedSharding(mesh, P()), 3) == "P()"
+    assert cheat_sheet.spec_text(NamedSharding(mesh, P(("a", "b"), None)), 2) == "P(('a', 'b'), None)"
+    assert cheat_sheet.spec_text(jax.sharding.SingleDeviceSharding(DEVICES[3]), 1) == "device 3 only"
+    assert cheat_sheet.spec_of(NamedSharding(mesh, P("a")), 2) == P("a", None)
+    assert cheat_sheet.family({"batch": 8}, "P('batch', None)", ["P()"]) == "DP"
+    assert cheat_sheet.family({"batch": 8}, "P('batch', None)", ["P('batch', None)"]) == "FSDP"
+    assert cheat_sheet.family({"model": 8}, "P(None, 'model')", ["P('model', None)"]) == "TP"
+    assert cheat_sheet.family({"d": 4, "m": 2}, "P('d', None)", ["P()"]) == "2-D"
+    assert cheat_sheet.per_layer(["P()"] * 3) == "P()"
+    assert cheat_sheet.per_layer(["P()", "X", "X", "P()"]) == "L0: P()\nL1-2: X\nL3: P()"
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
-    (lambda: cs.layout("zero", *_model()), InputError, "strategy"),
-    (lambda: cs.cheat_sheet(["dp"], layer_sizes=[8]), InputError, "layer_sizes"),
-    (lambda: cs.cheat_sheet(["dp"], batch_size=0), InputError, "batch_size"),
-    (lambda: cs.sheet_table([]), InputError, "layout"),
-    (lambda: cs.sheet_table([_layout("dp", 2, (8, 8))], part="all"), InputError, "part"),
-    (lambda: cs.adam_state_shardings(_model()[0], how="lazy"), InputError, "how"),
-    (lambda: cs.spec_of("P()", 1), TypeError, "NamedSharding"),
-    (lambda: cs.pinned_init(cs.adamw(), _model()[0]), InputTypeError, "NamedSharding"),
-    (lambda: cs.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),
+    (lambda: cheat_sheet.layout("zero", *_model()), InputError, "strategy"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], layer_sizes=[8]), InputError, "layer_sizes"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], batch_size=0), InputError, "batch_size"),
+    (lambda: cheat_sheet.sheet_table([]), InputError, "layout"),
+    (lambda: cheat_sheet.sheet_table([_layout("dp", 2, (8, 8))], part="all"), InputError, "part"),
+    (lambda: cheat_sheet.adam_state_shardings(_model()[0], how="lazy"), InputError, "how"),
+    (lambda: cheat_sheet.spec_of("P()", 1), TypeError, "NamedSharding"),
+    (lambda: cheat_sheet.pinned_init(cheat_sheet.adamw(), _model()[0]), InputTypeError, "NamedSharding"),
+    (lambda: cheat_sheet.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
@@ -120,11 +119,11 @@ def test_bad_input(call, error, word):
 
 def test_notes_follow_the_layouts():
     dp, fsdp = _layout("dp", 2, (8, 8)), _layout("fsdp", 4)
-    text = cs.notes([dp, fsdp])
+    text = cheat_sheet.notes([dp, fsdp])
     assert "Every strategy gets their gradients back" in text
     assert "for any strategy: it lands as device 0 only" in text
     drifting = dataclasses.replace(fsdp, grads=dp.grads)  # pretend fsdp's gradients drift
     assert "`dp` gets their gradients back in the parameters' own layout; `fsdp` does not" in (
-        cs.notes([dp, drifting]))
+        cheat_sheet.notes([dp, drifting]))
     with pytest.raises(InputError, match="layout"):
-        cs.notes([])
+        cheat_sheet.notes([])

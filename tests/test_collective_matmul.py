@@ -24,10 +24,9 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import collective_matmul as cm
-from spmd_guide import hlo, ring_costs
+from spmd_guide import collective_matmul, hlo, ring_costs
 
-NAMES = list(cm.VARIANTS)
+NAMES = list(collective_matmul.VARIANTS)
 RINGS = ["allgather_overlapped", "allgather_bidi", "reduce_scatter_overlapped",
          "reduce_scatter_bidi"]
 
@@ -54,10 +53,10 @@ def compiled(name: str, ring: int, shape: tuple[int, int, int], dtype: str = "fl
 
 
 def test_registry_has_exactly_the_six_variants():
-    assert list(cm.VARIANTS) == ["allgather", "allgather_overlapped", "allgather_bidi",
+    assert list(collective_matmul.VARIANTS) == ["allgather", "allgather_overlapped", "allgather_bidi",
                                  "reduce_scatter", "reduce_scatter_overlapped",
                                  "reduce_scatter_bidi"]
-    assert all(callable(f) for f in cm.VARIANTS.values())
+    assert all(callable(f) for f in collective_matmul.VARIANTS.values())
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -74,7 +73,7 @@ def test_2_devices_square_bfloat16_under_jit_on_explicit_mesh_with_misplaced_inp
     # Laid out the wrong way for the variant (and committed): the variant must re-place them.
     lhs = jax.device_put(lhs, NamedSharding(mesh, P(None, None)))
     rhs = jax.device_put(rhs, NamedSharding(mesh, P(None, "x")))
-    out = jax.jit(lambda a, b: cm.VARIANTS[name](a, b, mesh, "x"))(lhs, rhs)
+    out = jax.jit(lambda a, b: collective_matmul.VARIANTS[name](a, b, mesh, "x"))(lhs, rhs)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(out, np.float32), expected)
     assert out.sharding.spec == P("x", None)
@@ -121,15 +120,15 @@ def test_8_devices_non_square_float32_exact_and_within_tolerance(name):
        n=st.integers(1, 9))
 def test_any_evenly_split_shape_is_exact(name, m, k, n):
     lhs, rhs, expected = integer_operands(4 * m, 4 * k, n, jnp.float32, seed=m)
-    out = cm.VARIANTS[name](lhs, rhs, mesh_of(2), "x")
+    out = collective_matmul.VARIANTS[name](lhs, rhs, mesh_of(2), "x")
     np.testing.assert_array_equal(np.asarray(out), expected)
 
 
 def test_raw_shard_map_rejects_misplaced_input_on_explicit_mesh():
     """Why the variants place their inputs: shard_map alone refuses them on Explicit axes."""
     mesh = mesh_of(2, explicit=True)
-    kernel = functools.partial(cm.allgather_per_device, axis_name="x", ring=2)
-    mapped = jax.shard_map(kernel, mesh=mesh, in_specs=cm.allgather_specs("x"),
+    kernel = functools.partial(collective_matmul.allgather_per_device, axis_name="x", ring=2)
+    mapped = jax.shard_map(kernel, mesh=mesh, in_specs=collective_matmul.allgather_specs("x"),
                            out_specs=P("x", None))
     lhs, rhs, _ = integer_operands(4, 4, 2, jnp.float32)
     with pytest.raises(ValueError, match="does not match"):
@@ -143,7 +142,7 @@ def test_raw_shard_map_rejects_misplaced_input_on_explicit_mesh():
 def test_one_axis_of_a_two_axis_mesh(name, explicit, jit):
     mesh = mesh_of(8, ("a", "b"), (4, 2), explicit=explicit)
     lhs, rhs, expected = integer_operands(16, 16, 3, jnp.float32)
-    matmul = functools.partial(cm.VARIANTS[name], mesh=mesh, axis_name="a")
+    matmul = functools.partial(collective_matmul.VARIANTS[name], mesh=mesh, axis_name="a")
     out = (jax.jit(matmul) if jit else matmul)(lhs, rhs)
     np.testing.assert_array_equal(np.asarray(out), expected)
     assert out.sharding.is_equivalent_to(NamedSharding(mesh, P("a", None)), 2)
@@ -152,7 +151,7 @@ def test_one_axis_of_a_two_axis_mesh(name, explicit, jit):
 def test_one_device_ring():
     lhs, rhs, expected = integer_operands(4, 6, 3, jnp.float32)
     for name in NAMES:
-        out = cm.VARIANTS[name](lhs, rhs, mesh_of(1), "x")
+        out = collective_matmul.VARIANTS[name](lhs, rhs, mesh_of(1), "x")
         np.testing.assert_array_equal(np.asarray(out), expected)
 
 
@@ -247,10 +246,10 @@ def test_uneven_shapes_raise_before_any_computation(name, monkeypatch):
     def no_computation(*args, **kwargs):
         raise AssertionError("computation started before the shapes were checked")
 
-    monkeypatch.setattr(cm, "run_on_ring", no_computation)
-    monkeypatch.setattr(cm.jax, "device_put", no_computation)
+    monkeypatch.setattr(collective_matmul, "run_on_ring", no_computation)
+    monkeypatch.setattr(collective_matmul.jax, "device_put", no_computation)
     with pytest.raises(ValueError) as error:
-        cm.VARIANTS[name](np.ones(lhs_shape, np.float32), np.ones(rhs_shape, np.float32),
+        collective_matmul.VARIANTS[name](np.ones(lhs_shape, np.float32), np.ones(rhs_shape, np.float32),
                           mesh_of(4), "x")
     message = str(error.value)
     assert str(lhs_shape) in message and what in message
@@ -261,15 +260,15 @@ def test_other_bad_input_gets_clear_errors():
     mesh = mesh_of(2)
     ok = np.ones((4, 4), np.float32)
     with pytest.raises(ValueError, match=r"'y' is not an axis of the mesh, whose axes are \('x',\)"):
-        cm.allgather(ok, ok, mesh, "y")
+        collective_matmul.allgather(ok, ok, mesh, "y")
     with pytest.raises(ValueError, match="2-D operands"):
-        cm.reduce_scatter(np.ones((2, 4, 4)), ok, mesh, "x")
+        collective_matmul.reduce_scatter(np.ones((2, 4, 4)), ok, mesh, "x")
     with pytest.raises(ValueError, match="4 columns but rhs has 6 rows"):
-        cm.allgather_bidi(ok, np.ones((6, 4)), mesh, "x")
+        collective_matmul.allgather_bidi(ok, np.ones((6, 4)), mesh, "x")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
-        cm.allgather(ok, ok, "x", "x")
+        collective_matmul.allgather(ok, ok, "x", "x")
     with pytest.raises(ValueError, match="unknown collective matmul 'gather'"):
-        cm.variant("gather")
+        collective_matmul.variant("gather")
 
 
 # ----------------------------------------------------------------------- ring diagrams
@@ -323,7 +322,7 @@ def test_chapter_pitfall_wrongly_bound_ring_multiplies_by_ring_size():
     whole rhs as "its block", multiplies it once per step, and returns ring x the product."""
     mesh = mesh_of(4)
     lhs, rhs, expected = integer_operands(8, 8, 4, jnp.float32)
-    kernel = functools.partial(cm.allgather_overlapped_per_device, axis_name="x", ring=4)
+    kernel = functools.partial(collective_matmul.allgather_overlapped_per_device, axis_name="x", ring=4)
     wrong = jax.jit(jax.shard_map(kernel, mesh=mesh, in_specs=(P("x", None), P()),
                                   out_specs=P("x", None)))
     out = np.asarray(wrong(lhs, rhs))
@@ -338,12 +337,12 @@ def test_chapter_exercise_bytes_for_a_large_layer():
     small shapes with the same formula (``ring_bound_bytes``)."""
     mesh = mesh_of(8)
     for name, expected in (("allgather", 14_680_064), ("reduce_scatter", 3_670_016)):
-        lhs_spec, rhs_spec = cm.FAMILY_SPECS[name]("x")
+        lhs_spec, rhs_spec = collective_matmul.FAMILY_SPECS[name]("x")
         lhs = jax.ShapeDtypeStruct((1024, 4096), jnp.float32,
                                    sharding=NamedSharding(mesh, lhs_spec))
         rhs = jax.ShapeDtypeStruct((4096, 1024), jnp.float32,
                                    sharding=NamedSharding(mesh, rhs_spec))
-        program = jax.jit(functools.partial(cm.VARIANTS[name], mesh=mesh, axis_name="x"))
+        program = jax.jit(functools.partial(collective_matmul.VARIANTS[name], mesh=mesh, axis_name="x"))
         assert hlo.communication_bytes(program, lhs, rhs) == expected
         for variant in (name, f"{name}_overlapped", f"{name}_bidi"):
             assert ring_costs.ring_bound_bytes(variant, 1024, 4096, 1024, 4, 8) == expected
@@ -352,9 +351,9 @@ def test_chapter_exercise_bytes_for_a_large_layer():
 def test_chapter_exercise_uneven_shape():
     """Exercise 2: K = 24 on 8 devices suits allgather_overlapped but not allgather_bidi."""
     lhs, rhs = np.ones((16, 24), np.float32), np.ones((24, 4), np.float32)
-    cm.check_shapes(lhs, rhs, rows_by=8, contraction_by=8)
+    collective_matmul.check_shapes(lhs, rhs, rows_by=8, contraction_by=8)
     with pytest.raises(ValueError, match="contraction K = 24 is not divisible by 16"):
-        cm.allgather_bidi(lhs, rhs, mesh_of(8), "x")
+        collective_matmul.allgather_bidi(lhs, rhs, mesh_of(8), "x")
 
 
 def test_cpu_widens_even_a_bare_bfloat16_all_gather():
@@ -373,7 +372,7 @@ def test_the_notebooks_bidirectional_case_agrees_at_its_tolerance():
     ring = mesh_of(4, ("i",))
     lhs = jax.random.normal(jax.random.key(0), (8, 8))
     rhs = jax.random.normal(jax.random.key(1), (8, 4))
-    out = cm.VARIANTS["allgather_bidi"](lhs, rhs, ring, "i")
+    out = collective_matmul.VARIANTS["allgather_bidi"](lhs, rhs, ring, "i")
     assert jnp.allclose(out, lhs @ rhs, atol=1e-3, rtol=1e-3)
     low = jnp.matmul(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
                      preferred_element_type=jnp.float32)
@@ -397,22 +396,22 @@ def _ring(n: int, step: int = 1):
 
 _OK = np.ones((8, 8), np.float32)
 BAD_INPUT = [
-    ("string lhs", lambda: cm.allgather("lhs", _OK, mesh_of(2), "x"), InputTypeError, "array"),
-    ("None rhs", lambda: cm.reduce_scatter(_OK, None, mesh_of(2), "x"), InputTypeError, "rhs"),
-    ("object lhs", lambda: cm.allgather(np.full((8, 8), None), _OK, mesh_of(2), "x"),
+    ("string lhs", lambda: collective_matmul.allgather("lhs", _OK, mesh_of(2), "x"), InputTypeError, "array"),
+    ("None rhs", lambda: collective_matmul.reduce_scatter(_OK, None, mesh_of(2), "x"), InputTypeError, "rhs"),
+    ("object lhs", lambda: collective_matmul.allgather(np.full((8, 8), None), _OK, mesh_of(2), "x"),
      InputTypeError, "numbers"),
-    ("1-D lhs", lambda: cm.allgather(np.ones(8), _OK, mesh_of(2), "x"), InputError, "2-D"),
-    ("K mismatch", lambda: cm.allgather(_OK, np.ones((4, 8)), mesh_of(2), "x"), InputError,
+    ("1-D lhs", lambda: collective_matmul.allgather(np.ones(8), _OK, mesh_of(2), "x"), InputError, "2-D"),
+    ("K mismatch", lambda: collective_matmul.allgather(_OK, np.ones((4, 8)), mesh_of(2), "x"), InputError,
      "columns"),
-    ("M indivisible", lambda: cm.reduce_scatter_bidi(np.ones((6, 8)), _OK, mesh_of(2), "x"),
+    ("M indivisible", lambda: collective_matmul.reduce_scatter_bidi(np.ones((6, 8)), _OK, mesh_of(2), "x"),
      InputError, "divisible"),
-    ("unknown axis", lambda: cm.allgather(_OK, _OK, mesh_of(2), "y"), InputError, "not an axis"),
-    ("axis not str", lambda: cm.allgather(_OK, _OK, mesh_of(2), 0), InputTypeError, "axis"),
-    ("mesh a tuple", lambda: cm.allgather(_OK, _OK, (2,), "x"), InputTypeError, "Mesh"),
-    ("unknown variant", lambda: cm.variant("allgater"), InputError, "choose one of"),
-    ("rows_by 0", lambda: cm.check_shapes(_OK, _OK, rows_by=0, contraction_by=1), InputError,
+    ("unknown axis", lambda: collective_matmul.allgather(_OK, _OK, mesh_of(2), "y"), InputError, "not an axis"),
+    ("axis not str", lambda: collective_matmul.allgather(_OK, _OK, mesh_of(2), 0), InputTypeError, "axis"),
+    ("mesh a tuple", lambda: collective_matmul.allgather(_OK, _OK, (2,), "x"), InputTypeError, "Mesh"),
+    ("unknown variant", lambda: collective_matmul.variant("allgater"), InputError, "choose one of"),
+    ("rows_by 0", lambda: collective_matmul.check_shapes(_OK, _OK, rows_by=0, contraction_by=1), InputError,
      "rows_by"),
-    ("rows_by -8", lambda: cm.check_shapes(_OK, _OK, rows_by=-8, contraction_by=1), InputError,
+    ("rows_by -8", lambda: collective_matmul.check_shapes(_OK, _OK, rows_by=-8, contraction_by=1), InputError,
      "rows_by"),
     ("ring bytes m<0", lambda: ring_costs.ring_bound_bytes("allgather", -8, 8, 8, 4, 8), InputError,
      "m must be"),
@@ -431,7 +430,7 @@ BAD_INPUT = [
     ("compile bidi odd K", lambda: ring_costs.compile_variant("allgather_bidi", np.ones((4, 6)),
                                                       np.ones((6, 4)), mesh_of(2), "x"),
      InputError, "divisible by 4"),
-    ("specs axis None", lambda: cm.allgather_specs(None), InputTypeError, "axis_name"),
+    ("specs axis None", lambda: collective_matmul.allgather_specs(None), InputTypeError, "axis_name"),
 ]
 
 
@@ -446,7 +445,7 @@ def test_python_lists_multiply_like_arrays():
     lhs = np.arange(32, dtype=np.float32).reshape(4, 8)
     rhs = np.arange(16, dtype=np.float32).reshape(8, 2)
     for name in ("allgather", "reduce_scatter_bidi"):
-        out = cm.VARIANTS[name](lhs.tolist(), rhs.tolist(), mesh_of(2), "x")
+        out = collective_matmul.VARIANTS[name](lhs.tolist(), rhs.tolist(), mesh_of(2), "x")
         np.testing.assert_allclose(np.asarray(out), lhs @ rhs)
 
 
@@ -477,7 +476,7 @@ def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
     axis_name = names[min(axis, len(names) - 1)]
     lhs, rhs, expected = integer_operands(m, k, n, jnp.float32, seed=m + k)
     try:
-        out = cm.VARIANTS[name](lhs, rhs, mesh, axis_name)
+        out = collective_matmul.VARIANTS[name](lhs, rhs, mesh, axis_name)
     except (InputError, InputTypeError):
         ring = mesh.shape[axis_name]
         bidi = 2 if name.endswith("bidi") else 1

@@ -13,8 +13,7 @@ from helpers import mesh_of
 from jax import P
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from spmd_guide import collectives as C
-from spmd_guide import hlo
+from spmd_guide import collectives, hlo
 
 SIZES = (2, 4, 8)
 
@@ -46,24 +45,24 @@ def reference(name: str, x: np.ndarray, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("name", list(C.EXAMPLES))
+@pytest.mark.parametrize("name", list(collectives.EXAMPLES))
 def test_each_example_matches_numpy(name, n):
-    x, result = C.run_example(name, mesh_of(n))
+    x, result = collectives.run_example(name, mesh_of(n))
     expected = reference(name, x, n)
     assert result.shape == expected.shape
     np.testing.assert_allclose(result, expected, rtol=1e-6)
 
 
 def test_examples_cover_every_collective_the_chapter_teaches():
-    assert set(C.EXAMPLES) == {"psum", "pmean", "all_gather", "all_gather_tiled", "psum_scatter",
+    assert set(collectives.EXAMPLES) == {"psum", "pmean", "all_gather", "all_gather_tiled", "psum_scatter",
                                "psum_scatter_tiled", "ppermute", "all_to_all", "axis_index"}
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_block_sums_and_global_sum(n):
     x = np.arange(4 * n, dtype=np.float32)
-    np.testing.assert_allclose(C.block_sums(x, mesh_of(n)), x.reshape(n, -1).sum(1))
-    total = C.global_sum(x, mesh_of(n))
+    np.testing.assert_allclose(collectives.block_sums(x, mesh_of(n)), x.reshape(n, -1).sum(1))
+    total = collectives.global_sum(x, mesh_of(n))
     assert total.shape == (1,) and total.sharding.spec == P()
     np.testing.assert_allclose(total, [x.sum()])
 
@@ -71,15 +70,15 @@ def test_block_sums_and_global_sum(n):
 def test_functions_work_on_explicit_meshes_too():
     mesh = mesh_of(8, explicit=True)
     x = np.arange(32, dtype=np.float32)
-    np.testing.assert_allclose(C.global_sum(x, mesh), [x.sum()])
-    _, result = C.run_example("ppermute", mesh)
+    np.testing.assert_allclose(collectives.global_sum(x, mesh), [x.sum()])
+    _, result = collectives.run_example("ppermute", mesh)
     np.testing.assert_allclose(result[1], [0, 1])
 
 
 @pytest.mark.parametrize("n", SIZES)
 def test_rows_to_columns_keeps_values_and_changes_layout(n):
     x = np.arange(4 * n * n, dtype=np.float32).reshape(2 * n, 2 * n)
-    y = C.rows_to_columns(x, mesh_of(n))
+    y = collectives.rows_to_columns(x, mesh_of(n))
     np.testing.assert_array_equal(y, x)
     assert y.sharding.spec == P(None, "x")
     assert y.addressable_shards[0].data.shape == (2 * n, 2)
@@ -87,14 +86,14 @@ def test_rows_to_columns_keeps_values_and_changes_layout(n):
 
 def test_rows_to_columns_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"divides by 4, got shape \(8, 6\)"):
-        C.rows_to_columns(np.zeros((8, 6)), mesh_of(4))
+        collectives.rows_to_columns(np.zeros((8, 6)), mesh_of(4))
     with pytest.raises(ValueError, match="got shape"):
-        C.rows_to_columns(np.zeros(8), mesh_of(4))
+        collectives.rows_to_columns(np.zeros(8), mesh_of(4))
 
 
 def test_explicit_mesh_rejects_an_input_not_laid_out_as_in_specs():
     mesh = mesh_of(8, explicit=True)
-    f = jax.shard_map(C.block_sum, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    f = jax.shard_map(collectives.block_sum, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
     with pytest.raises(ValueError, match="does not match the specs of the input"):
         f(jnp.arange(32.0))
     placed = jax.reshard(jnp.arange(32.0), jax.NamedSharding(mesh, P("x")))
@@ -102,13 +101,13 @@ def test_explicit_mesh_rejects_an_input_not_laid_out_as_in_specs():
 
 
 def test_out_specs_P_without_psum_is_rejected_by_check_vma():
-    f = jax.jit(jax.shard_map(C.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P()))
+    f = jax.jit(jax.shard_map(collectives.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P()))
     with pytest.raises(ValueError, match="check_vma=False"):
         f(np.arange(32.0))
 
 
 def test_without_the_check_P_silently_returns_device_0s_block():
-    f = jax.shard_map(C.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P(),
+    f = jax.shard_map(collectives.block_sum, mesh=mesh_of(8), in_specs=P("x"), out_specs=P(),
                       check_vma=False)
     np.testing.assert_allclose(f(np.arange(32.0)), [0 + 1 + 2 + 3])
 
@@ -116,9 +115,9 @@ def test_without_the_check_P_silently_returns_device_0s_block():
 def test_traced_types_mark_varying_values():
     x = np.arange(16, dtype=np.float32)
     mesh = mesh_of(8)
-    assert C.traced_types(C.psum_kernel, x, mesh) == ("float32[2]{V:x}", "float32[2]")
-    assert C.traced_types(C.all_gather_kernel, x, mesh) == ("float32[2]{V:x}", "float32[8,2]{V:x}")
-    assert C.traced_types(C.axis_index_kernel, x, mesh)[1] == "int32[1]{V:x}"
+    assert collectives.traced_types(collectives.psum_kernel, x, mesh) == ("float32[2]{V:x}", "float32[2]")
+    assert collectives.traced_types(collectives.all_gather_kernel, x, mesh) == ("float32[2]{V:x}", "float32[8,2]{V:x}")
+    assert collectives.traced_types(collectives.axis_index_kernel, x, mesh)[1] == "int32[1]{V:x}"
 
 
 # --------------------------------------------------------------------------- the HLO table
@@ -137,29 +136,29 @@ EXPECTED_HLO = {  # example -> (HLO op, count, bytes one device sends on 8 devic
 
 
 def test_hlo_table_pins_each_collective():
-    rows = {row["example"]: row for row in C.hlo_rows(mesh_of(8))}
+    rows = {row["example"]: row for row in collectives.hlo_rows(mesh_of(8))}
     assert set(rows) == set(EXPECTED_HLO)
     for name, (op, count, sent) in EXPECTED_HLO.items():
         row = rows[name]
         found = (row["HLO op"], row["count"], row["sent"])
         assert found == (op, count, sent), name
-        assert C.EXAMPLES[name].hlo_op == (None if op == "(none)" else op)
+        assert collectives.EXAMPLES[name].hlo_op == (None if op == "(none)" else op)
 
 
 def test_group_size_and_bytes_follow_the_mesh():
     mesh = mesh_of(4)
     x = jax.device_put(np.arange(8, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
-    (op,) = hlo.collectives(C.per_device_function(C.psum_kernel, mesh), x)
+    (op,) = hlo.collectives(collectives.per_device_function(collectives.psum_kernel, mesh), x)
     assert (op.kind, op.group_size, op.bytes_sent) == ("all-reduce", 4, 2 * 3 * 8 // 4)
 
 
 def test_pmean_is_an_all_reduce_then_a_scale():
     mesh = mesh_of(8)
     x = jax.device_put(np.arange(16, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
-    text = hlo.compiled_text(C.per_device_function(C.pmean_kernel, mesh), x)
+    text = hlo.compiled_text(collectives.per_device_function(collectives.pmean_kernel, mesh), x)
     assert "all-reduce(" in text
     assert "multiply(" in text or "divide(" in text
-    psum_text = hlo.compiled_text(C.per_device_function(C.psum_kernel, mesh), x)
+    psum_text = hlo.compiled_text(collectives.per_device_function(collectives.psum_kernel, mesh), x)
     assert "multiply(" not in psum_text and "divide(" not in psum_text
 
 
@@ -179,59 +178,59 @@ def _arrows(fig):
     ("psum", 2, 2), ("all_gather", 2, 16), ("psum_scatter", 8, 1), ("all_to_all", 8, 8),
 ])
 def test_draw_collective_draws_one_cell_per_value(name, before, after):
-    fig = C.draw_collective(name, mesh_of(8))
+    fig = collectives.draw_collective(name, mesh_of(8))
     assert len(_cells(fig)) == 8 * (before + after)
     labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "value"]
-    x, result = C.run_example(name, mesh_of(8))
+    x, result = collectives.run_example(name, mesh_of(8))
     assert labels == [f"{v:g}" for v in np.concatenate([x.ravel(), result.ravel()])]
 
 
 def test_ring_shift_picture_has_one_arrow_per_device_and_moved_colours():
-    fig = C.draw_collective("ppermute", mesh_of(4))
+    fig = collectives.draw_collective("ppermute", mesh_of(4))
     assert len(_arrows(fig)) == 4
     cells = _cells(fig)
     before, after = cells[:8], cells[8:]
     for d in range(4):  # device d now holds device d-1's block, in device d-1's colour
         for i in range(2):
-            assert after[2 * d + i].get_facecolor() == pytest.approx(C.device_color((d - 1) % 4))
-            assert before[2 * d + i].get_facecolor() == pytest.approx(C.device_color(d))
+            assert after[2 * d + i].get_facecolor() == pytest.approx(collectives.device_color((d - 1) % 4))
+            assert before[2 * d + i].get_facecolor() == pytest.approx(collectives.device_color(d))
 
 
 def test_all_to_all_picture_colours_each_value_by_its_source():
-    panels = C.example_panels("all_to_all", mesh_of(4))
+    panels = collectives.example_panels("all_to_all", mesh_of(4))
     after = panels[1]
     for d in range(4):
         np.testing.assert_array_equal(np.ravel(after.origins[d]), np.arange(4))
 
 
 def test_reductions_are_drawn_as_combined():
-    panels = C.example_panels("psum_scatter", mesh_of(2))
-    assert all((np.asarray(o) == C.COMBINED).all() for o in panels[1].origins)
-    fig = C.draw_collective("psum", mesh_of(2))
+    panels = collectives.example_panels("psum_scatter", mesh_of(2))
+    assert all((np.asarray(o) == collectives.COMBINED).all() for o in panels[1].origins)
+    fig = collectives.draw_collective("psum", mesh_of(2))
     after = _cells(fig)[4:]
-    assert all(c.get_facecolor() == pytest.approx(C.device_color(C.COMBINED)) for c in after)
+    assert all(c.get_facecolor() == pytest.approx(collectives.device_color(collectives.COMBINED)) for c in after)
 
 
 def test_draw_panels_general_api():
-    panels = [C.Panel(f"step {k}", [[k, k + 1, k + 2]] * 3) for k in range(3)]
+    panels = [collectives.Panel(f"step {k}", [[k, k + 1, k + 2]] * 3) for k in range(3)]
     ring = [(0, 1), (1, 2), (2, 0)]
-    fig = C.draw_panels(panels, arrows=[ring, ring], gap_labels=["send", "send"])
+    fig = collectives.draw_panels(panels, arrows=[ring, ring], gap_labels=["send", "send"])
     assert len(_cells(fig)) == 3 * 3 * 3
     assert len(_arrows(fig)) == 6
 
 
 def test_draw_panels_rejects_bad_input():
-    two = C.Panel("a", [[1], [2]])
+    two = collectives.Panel("a", [[1], [2]])
     with pytest.raises(ValueError, match="same devices"):
-        C.draw_panels([two, C.Panel("b", [[1]])])
+        collectives.draw_panels([two, collectives.Panel("b", [[1]])])
     with pytest.raises(ValueError, match="outside"):
-        C.draw_panels([two, two], arrows=[[(0, 5)]])
+        collectives.draw_panels([two, two], arrows=[[(0, 5)]])
     with pytest.raises(ValueError, match="one entry per gap"):
-        C.draw_panels([two, two], arrows=[None, None])
+        collectives.draw_panels([two, two], arrows=[None, None])
     with pytest.raises(ValueError, match="one origin per value"):
-        C.draw_panels([C.Panel("a", [[1, 2], [3, 4]], origins=[[0], [1]])])
+        collectives.draw_panels([collectives.Panel("a", [[1, 2], [3, 4]], origins=[[0], [1]])])
     with pytest.raises(ValueError, match="at least one"):
-        C.draw_panels([])
+        collectives.draw_panels([])
 
 
 # --------------------------------------------------------------------------- bad input
@@ -239,13 +238,13 @@ def test_draw_panels_rejects_bad_input():
 
 def test_uneven_input_and_wrong_axis_raise_clear_errors():
     with pytest.raises(ValueError, match=r"\(10,\).*4 equal blocks.*divisible by 4"):
-        C.block_sums(np.arange(10.0), mesh_of(4))
+        collectives.block_sums(np.arange(10.0), mesh_of(4))
     with pytest.raises(ValueError, match="'y' is not an axis"):
-        C.global_sum(np.arange(8.0), mesh_of(4), axis_name="y")
+        collectives.global_sum(np.arange(8.0), mesh_of(4), axis_name="y")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
-        C.block_sums(np.arange(8.0), "mesh")
+        collectives.block_sums(np.arange(8.0), "mesh")
     with pytest.raises(ValueError, match="choose one of"):
-        C.example("psum_gather")
+        collectives.example("psum_gather")
 
 
 # --------------------------------------------------------------------------- exercises
@@ -255,22 +254,22 @@ def test_uneven_input_and_wrong_axis_raise_clear_errors():
 def test_exercise_answers(n):
     mesh = mesh_of(n)
     x = np.arange(2 * n * n, dtype=np.float32) ** 2
-    np.testing.assert_allclose(C.per_device_result(C.mean_via_psum, x, mesh),
+    np.testing.assert_allclose(collectives.per_device_result(collectives.mean_via_psum, x, mesh),
                                np.full(n, x.mean()), rtol=1e-6)
-    np.testing.assert_allclose(C.per_device_result(C.psum_in_two_steps, x, mesh),
+    np.testing.assert_allclose(collectives.per_device_result(collectives.psum_in_two_steps, x, mesh),
                                reference("psum", x, n))
-    shifted = C.per_device_result(partial(C.ring_shift_kernel, step=-1), x, mesh)
+    shifted = collectives.per_device_result(partial(collectives.ring_shift_kernel, step=-1), x, mesh)
     b = x.reshape(n, -1)
     np.testing.assert_allclose(shifted, np.stack([b[(d + 1) % n] for d in range(n)]))
-    np.testing.assert_array_equal(C.per_device_result(C.global_positions, x, mesh).ravel(),
+    np.testing.assert_array_equal(collectives.per_device_result(collectives.global_positions, x, mesh).ravel(),
                                   np.arange(x.size))
 
 
 def test_psum_in_two_steps_costs_what_one_all_reduce_costs():
     mesh = mesh_of(8)
     x = jax.device_put(np.arange(64, dtype=np.float32), jax.NamedSharding(mesh, P("x")))
-    two = C.per_device_function(C.psum_in_two_steps, mesh)
-    one = C.per_device_function(C.psum_kernel, mesh)
+    two = collectives.per_device_function(collectives.psum_in_two_steps, mesh)
+    one = collectives.per_device_function(collectives.psum_kernel, mesh)
     counts = hlo.collective_counts(two, x)
     assert counts["reduce-scatter"] == 1 and counts["all-gather"] == 1
     assert counts["all-reduce"] == 0
@@ -278,26 +277,26 @@ def test_psum_in_two_steps_costs_what_one_all_reduce_costs():
 
 
 def test_ring_scaling_psum_approaches_twice_the_buffer():
-    rows = C.ring_scaling(C.psum_kernel, block_elements=256, device_counts=(2, 4, 8))
+    rows = collectives.ring_scaling(collectives.psum_kernel, block_elements=256, device_counts=(2, 4, 8))
     assert [r["devices"] for r in rows] == [2, 4, 8]
     assert [r["sent / B"] for r in rows] == [2 * (n - 1) / n for n in (2, 4, 8)]
     assert all(r["B"] == "1 KiB" for r in rows)
     with pytest.raises(ValueError, match="this process has 8"):
-        C.ring_scaling(C.psum_kernel, block_elements=4, device_counts=(16,))
+        collectives.ring_scaling(collectives.psum_kernel, block_elements=4, device_counts=(16,))
 
 
 def test_draw_panels_docstring_ring_example_with_string_labels():
     ring = [(i, (i + 1) % 4) for i in range(4)]
     held = [[0, 1, 2, 3], [3, 0, 1, 2], [2, 3, 0, 1]]
-    steps = [C.Panel(f"step {k}", [[f"B{b}"] for b in held[k]], origins=[[b] for b in held[k]])
+    steps = [collectives.Panel(f"step {k}", [[f"B{b}"] for b in held[k]], origins=[[b] for b in held[k]])
              for k in range(3)]
-    fig = C.draw_panels(steps, arrows=[ring, ring], gap_labels=["ppermute", "ppermute"],
+    fig = collectives.draw_panels(steps, arrows=[ring, ring], gap_labels=["ppermute", "ppermute"],
                         fmt="{}")
     assert len(_cells(fig)) == 12 and len(_arrows(fig)) == 8
     labels = [t.get_text() for t in fig.axes[0].texts if t.get_gid() == "value"]
     assert labels[4:8] == ["B3", "B0", "B1", "B2"]
     step1 = _cells(fig)[4:8]
-    assert [c.get_facecolor() for c in step1] == [pytest.approx(C.device_color(b))
+    assert [c.get_facecolor() for c in step1] == [pytest.approx(collectives.device_color(b))
                                                   for b in held[1]]
 
 
@@ -318,45 +317,45 @@ from hypothesis import strategies as st  # noqa: E402
 from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
 
 BAD_INPUT = [
-    ("string x", lambda: C.global_sum("abc", mesh_of(2)), InputTypeError, "array"),
-    ("None x", lambda: C.block_sums(None, mesh_of(2)), InputTypeError, "array"),
-    ("scalar x", lambda: C.global_sum(3.0, mesh_of(2)), InputError, "equal"),
-    ("indivisible x", lambda: C.global_sum(np.arange(5.0), mesh_of(2)), InputError,
+    ("string x", lambda: collectives.global_sum("abc", mesh_of(2)), InputTypeError, "array"),
+    ("None x", lambda: collectives.block_sums(None, mesh_of(2)), InputTypeError, "array"),
+    ("scalar x", lambda: collectives.global_sum(3.0, mesh_of(2)), InputError, "equal"),
+    ("indivisible x", lambda: collectives.global_sum(np.arange(5.0), mesh_of(2)), InputError,
      "divisible by 2"),
-    ("unknown axis", lambda: C.block_sums(np.arange(4.0), mesh_of(2), axis_name="y"),
+    ("unknown axis", lambda: collectives.block_sums(np.arange(4.0), mesh_of(2), axis_name="y"),
      InputError, "not an axis"),
-    ("axis not str", lambda: C.block_sums(np.arange(4.0), mesh_of(2), axis_name=0),
+    ("axis not str", lambda: collectives.block_sums(np.arange(4.0), mesh_of(2), axis_name=0),
      InputTypeError, "axis_name"),
-    ("mesh a list", lambda: C.global_sum(np.arange(4.0), [0, 1]), InputTypeError, "Mesh"),
-    ("blocks n=0", lambda: C.blocks(np.arange(4), 0), InputError, "n_devices"),
-    ("blocks n=2.0", lambda: C.blocks(np.arange(4), 2.0), InputTypeError, "integer"),
-    ("kernel not callable", lambda: C.per_device_result("psum", np.arange(4.0), mesh_of(2)),
+    ("mesh a list", lambda: collectives.global_sum(np.arange(4.0), [0, 1]), InputTypeError, "Mesh"),
+    ("blocks n=0", lambda: collectives.blocks(np.arange(4), 0), InputError, "n_devices"),
+    ("blocks n=2.0", lambda: collectives.blocks(np.arange(4), 2.0), InputTypeError, "integer"),
+    ("kernel not callable", lambda: collectives.per_device_result("psum", np.arange(4.0), mesh_of(2)),
      InputTypeError, "function"),
-    ("kernel names axis 'y'", lambda: C.per_device_result(
+    ("kernel names axis 'y'", lambda: collectives.per_device_result(
         lambda b, a: jax.lax.psum(b, "y"), np.arange(4.0), mesh_of(2)), InputError,
      "does not have"),
-    ("untiled psum_scatter block of 2 on 4", lambda: C.per_device_result(
-        C.psum_scatter_kernel, np.arange(8.0), mesh_of(4)), InputError, "exactly 4"),
-    ("tiled psum_scatter block of 1 on 4", lambda: C.per_device_result(
-        C.psum_scatter_tiled_kernel, np.arange(4.0), mesh_of(4)), InputError, "multiple of 4"),
-    ("all_to_all 3 columns on 2", lambda: C.per_device_result(
-        C.all_to_all_kernel, np.ones((2, 3)), mesh_of(2)), InputError, "columns"),
-    ("rows_to_columns string", lambda: C.rows_to_columns("m", mesh_of(2)), InputTypeError,
+    ("untiled psum_scatter block of 2 on 4", lambda: collectives.per_device_result(
+        collectives.psum_scatter_kernel, np.arange(8.0), mesh_of(4)), InputError, "exactly 4"),
+    ("tiled psum_scatter block of 1 on 4", lambda: collectives.per_device_result(
+        collectives.psum_scatter_tiled_kernel, np.arange(4.0), mesh_of(4)), InputError, "multiple of 4"),
+    ("all_to_all 3 columns on 2", lambda: collectives.per_device_result(
+        collectives.all_to_all_kernel, np.ones((2, 3)), mesh_of(2)), InputError, "columns"),
+    ("rows_to_columns string", lambda: collectives.rows_to_columns("m", mesh_of(2)), InputTypeError,
      "array"),
-    ("unknown example", lambda: C.example("gather"), InputError, "choose one of"),
-    ("example n=0", lambda: C.EXAMPLES["psum"].example_input(0), InputError, "n_devices"),
-    ("traced_types kernel None", lambda: C.traced_types(None, np.arange(4.0), mesh_of(2)),
+    ("unknown example", lambda: collectives.example("gather"), InputError, "choose one of"),
+    ("example n=0", lambda: collectives.EXAMPLES["psum"].example_input(0), InputError, "n_devices"),
+    ("traced_types kernel None", lambda: collectives.traced_types(None, np.arange(4.0), mesh_of(2)),
      InputTypeError, "function"),
-    ("ring_scaling block 0", lambda: C.ring_scaling(C.psum_kernel, block_elements=0,
+    ("ring_scaling block 0", lambda: collectives.ring_scaling(collectives.psum_kernel, block_elements=0,
                                                     device_counts=[2]), InputError,
      "block_elements"),
-    ("ring_scaling 99 devices", lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
+    ("ring_scaling 99 devices", lambda: collectives.ring_scaling(collectives.psum_kernel, block_elements=4,
                                                        device_counts=[99]), InputError,
      "this process has"),
-    ("ring_scaling counts int", lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
+    ("ring_scaling counts int", lambda: collectives.ring_scaling(collectives.psum_kernel, block_elements=4,
                                                        device_counts=4), InputTypeError,
      "sequence"),
-    ("hlo_rows bad axis", lambda: C.hlo_rows(mesh_of(2), axis_name="z"), InputError,
+    ("hlo_rows bad axis", lambda: collectives.hlo_rows(mesh_of(2), axis_name="z"), InputError,
      "not an axis"),
 ]
 
@@ -370,8 +369,8 @@ def test_bad_input_gets_the_packages_clear_error(call, error, word):
 
 def test_python_lists_are_arrays_not_trees_of_scalars():
     x = list(range(16))
-    assert C.global_sum(x, mesh_of(4)).tolist() == [120]
-    np.testing.assert_array_equal(np.asarray(C.block_sums([float(v) for v in x], mesh_of(8))),
+    assert collectives.global_sum(x, mesh_of(4)).tolist() == [120]
+    np.testing.assert_array_equal(np.asarray(collectives.block_sums([float(v) for v in x], mesh_of(8))),
                                   np.arange(16.0).reshape(8, 2).sum(1))
 
 
@@ -388,7 +387,7 @@ def test_random_shapes_and_meshes_give_numpy_or_the_packages_error(name, n, rows
     shape = (rows,) if name != "all_to_all" else (rows, cols)
     x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
     try:
-        got = C.per_device_result(C.EXAMPLES[name].kernel, x, mesh_of(n))
+        got = collectives.per_device_result(collectives.EXAMPLES[name].kernel, x, mesh_of(n))
     except (InputError, InputTypeError):
         block = rows // n if rows % n == 0 else None
         assert (block is None or (name == "psum_scatter" and block != n)

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from spmd_guide import collectives as C
-from spmd_guide import drawing, hlo, profiling, ring_costs, show, tpu_ring
+from spmd_guide import collectives, drawing, hlo, profiling, ring_costs, show, tpu_ring
 
 SOURCE = Path(drawing.__file__)
 
@@ -39,8 +38,8 @@ def test_drawing_is_a_base_module_and_the_one_palette():
                 if isinstance(node, ast.ImportFrom) and node.module}
     assert {name for name in imported if name.startswith("spmd_guide")} <= {
         "spmd_guide.display", "spmd_guide.checks"}
-    assert show.PALETTE is drawing.PALETTE and C.device_color is drawing.device_color
-    assert show.Html is drawing.Html and C.Panel is drawing.Panel
+    assert show.PALETTE is drawing.PALETTE and collectives.device_color is drawing.device_color
+    assert show.Html is drawing.Html and collectives.Panel is drawing.Panel
     assert show.tpu_v3_tray is tpu_ring.tpu_v3_tray
     assert drawing.FONT_STACK[0] == "DejaVu Sans"  # what matplotlib draws with
 
@@ -50,8 +49,8 @@ def test_palette_meets_wcag_aa_under_the_text_colour():
 
 
 @pytest.mark.parametrize("make", [
-    lambda mesh: C.draw_collective("all_gather_tiled", mesh),
-    lambda mesh: C.draw_collective("psum", mesh),
+    lambda mesh: collectives.draw_collective("all_gather_tiled", mesh),
+    lambda mesh: collectives.draw_collective("psum", mesh),
     lambda mesh: ring_costs.draw_ring("reduce_scatter_bidi", 4),
     lambda mesh: ring_costs.draw_ring("allgather_overlapped", 4),
 ])

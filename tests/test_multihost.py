@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from spmd_guide import multihost_examples as examples
+from spmd_guide import multihost_examples
 from spmd_guide.multihost import (
     LOOPBACK,
     ProcessFailed,
@@ -98,11 +98,11 @@ def test_inputs_of_the_wrong_kind_are_refused(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("print(1)\n")
     with pytest.raises(TypeError, match="JSON-serializable"):
-        launch(examples.misbehave, kwargs={"raise_on": object()})
+        launch(multihost_examples.misbehave, kwargs={"raise_on": object()})
     with pytest.raises(TypeError, match="script takes its inputs from args"):
         launch(script, kwargs={"a": 1})
     with pytest.raises(TypeError, match="pass a function's inputs as kwargs"):
-        launch(examples.misbehave, args=["--x"])
+        launch(multihost_examples.misbehave, args=["--x"])
     with pytest.raises(TypeError, match="sequence of strings"):
         launch(script, args=[1])
 
@@ -119,7 +119,7 @@ def test_free_port_is_a_bindable_loopback_port():
 
 @pytest.fixture(scope="module")
 def described():
-    return launch(examples.describe_process, num_processes=2, devices_per_process=4,
+    return launch(multihost_examples.describe_process, num_processes=2, devices_per_process=4,
                   timeout=120)
 
 
@@ -168,10 +168,10 @@ def test_processes_listen_only_on_loopback(described):
 
 
 def test_data_parallel_step_over_two_processes_equals_one_process(tmp_path):
-    problem = examples.save_problem(tmp_path / "problem.npz")
-    results = launch(examples.data_parallel_step, num_processes=2, devices_per_process=4,
+    problem = multihost_examples.save_problem(tmp_path / "problem.npz")
+    results = launch(multihost_examples.data_parallel_step, num_processes=2, devices_per_process=4,
                      kwargs={"problem": problem, "strategies": ["dp", "fsdp"]}, timeout=120)
-    reference = examples.single_process_step(problem=problem)
+    reference = multihost_examples.single_process_step(problem=problem)
     ids = [r.value["ids"] for r in results]
     assert not set(ids[0]) & set(ids[1])
     assert sorted(ids[0] + ids[1]) == reference["ids"]
@@ -184,7 +184,7 @@ def test_data_parallel_step_over_two_processes_equals_one_process(tmp_path):
                     np.testing.assert_allclose(np.array(g), np.array(r), rtol=1e-4, atol=1e-5)
             assert f"{strategy} loss" in result.stdout
         assert "loaded examples" in result.stdout
-    assert examples.max_difference(results, reference) < 1e-4
+    assert multihost_examples.max_difference(results, reference) < 1e-4
     assert_nothing_left(results)
 
 
@@ -195,7 +195,7 @@ def test_a_raising_process_stops_the_others_and_reports_its_output():
     start = time.monotonic()
     with pytest.raises(ProcessFailed) as caught:
         # process 1 raises while process 0 would wait forever: the launcher must stop it.
-        launch(examples.misbehave, num_processes=2, devices_per_process=2, timeout=120,
+        launch(multihost_examples.misbehave, num_processes=2, devices_per_process=2, timeout=120,
                kwargs={"raise_on": 1, "hang_on": 0})
     elapsed = time.monotonic() - start
     error = caught.value
@@ -212,7 +212,7 @@ def test_a_raising_process_stops_the_others_and_reports_its_output():
 def test_a_hanging_process_is_stopped_at_the_time_limit():
     start = time.monotonic()
     with pytest.raises(ProcessTimeout) as caught:
-        launch(examples.misbehave, num_processes=2, devices_per_process=2, timeout=3,
+        launch(multihost_examples.misbehave, num_processes=2, devices_per_process=2, timeout=3,
                kwargs={"hang_on": 1})
     elapsed = time.monotonic() - start
     error = caught.value
@@ -227,7 +227,7 @@ def test_a_hanging_process_is_stopped_at_the_time_limit():
 
 
 def test_exercise_one_process_of_eight_devices_is_fully_addressable():
-    (result,) = launch(examples.describe_process, num_processes=1, devices_per_process=8,
+    (result,) = launch(multihost_examples.describe_process, num_processes=1, devices_per_process=8,
                        timeout=120)
     v = result.value
     assert v["process_count"] == 1 and len(v["local_devices"]) == 8
@@ -255,9 +255,9 @@ def test_a_script_runs_as_main_with_its_args(tmp_path):
 
 
 def test_saved_problem_loads_back_exactly(tmp_path):
-    dataset, params = examples.example_problem(layer_sizes=[3, 5, 2], num_examples=8, seed=4)
-    loaded, loaded_params = examples.load_problem(
-        examples.save_problem(tmp_path / "p.npz", layer_sizes=[3, 5, 2], num_examples=8, seed=4))
+    dataset, params = multihost_examples.example_problem(layer_sizes=[3, 5, 2], num_examples=8, seed=4)
+    loaded, loaded_params = multihost_examples.load_problem(
+        multihost_examples.save_problem(tmp_path / "p.npz", layer_sizes=[3, 5, 2], num_examples=8, seed=4))
     assert sorted(loaded) == ["id", "x", "y"] and len(loaded_params) == len(params) == 2
     for key in dataset:
         np.testing.assert_array_equal(loaded[key], dataset[key])
@@ -293,13 +293,13 @@ BAD_INPUT = [
         ProcessResult(process_id=0, returncode=0, stdout="", stderr="", os_pid=1)),
      InputTypeError, "list of ProcessResult"),
     ("still_running of ints", lambda: still_running([1234]), InputTypeError, "ProcessResult"),
-    ("kwargs a list", lambda: launch(examples.misbehave, kwargs=[("raise_on", 0)]),
+    ("kwargs a list", lambda: launch(multihost_examples.misbehave, kwargs=[("raise_on", 0)]),
      InputTypeError, "dict"),
-    ("kwargs with nan", lambda: launch(examples.misbehave, kwargs={"raise_on": float("nan")}),
+    ("kwargs with nan", lambda: launch(multihost_examples.misbehave, kwargs={"raise_on": float("nan")}),
      InputTypeError, "JSON"),
-    ("timeout a string", lambda: launch(examples.misbehave, timeout="60"), InputTypeError,
+    ("timeout a string", lambda: launch(multihost_examples.misbehave, timeout="60"), InputTypeError,
      "timeout"),
-    ("too many processes", lambda: launch(examples.misbehave, num_processes=10**6),
+    ("too many processes", lambda: launch(multihost_examples.misbehave, num_processes=10**6),
      InputError, "at most"),
     ("missing script", lambda: launch("no/such/script.py"), InputError, "does not exist"),
 ]

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from spmd_guide import multihost_examples as examples
+from spmd_guide import multihost_examples
 from spmd_guide.checks import InputError, InputTypeError
 
 
 @pytest.fixture(scope="module")
 def problem(tmp_path_factory):
-    return examples.save_problem(tmp_path_factory.mktemp("problem") / "problem.npz")
+    return multihost_examples.save_problem(tmp_path_factory.mktemp("problem") / "problem.npz")
 
 
 def test_a_strategy_with_a_2d_batch_layout_steps_like_one_device(problem):
     strategies = ["tp"]  # its batch layout is 2-D; the ids are 1-D
-    reference = examples.single_process_step(problem=problem)
-    value = examples.data_parallel_step(problem=problem, strategies=strategies)
+    reference = multihost_examples.single_process_step(problem=problem)
+    value = multihost_examples.data_parallel_step(problem=problem, strategies=strategies)
     assert sorted(value["steps"]) == sorted(strategies)
     assert value["ids"] == reference["ids"]
     for step in value["steps"].values():
@@ -25,29 +25,29 @@ def test_a_strategy_with_a_2d_batch_layout_steps_like_one_device(problem):
 
 
 BAD_INPUT = [
-    ("strategies a string", lambda p: examples.data_parallel_step(problem=p, strategies="dp"),
+    ("strategies a string", lambda p: multihost_examples.data_parallel_step(problem=p, strategies="dp"),
      InputTypeError, r"\('dp',\)"),
-    ("strategies empty", lambda p: examples.data_parallel_step(problem=p, strategies=()),
+    ("strategies empty", lambda p: multihost_examples.data_parallel_step(problem=p, strategies=()),
      InputError, "at least one"),
-    ("unknown strategy", lambda p: examples.data_parallel_step(problem=p, strategies=["dq"]),
+    ("unknown strategy", lambda p: multihost_examples.data_parallel_step(problem=p, strategies=["dq"]),
      InputError, "choose one of"),
-    ("batch size 0", lambda p: examples.data_parallel_step(problem=p, batch_size=0),
+    ("batch size 0", lambda p: multihost_examples.data_parallel_step(problem=p, batch_size=0),
      InputError, "batch_size"),
-    ("no problem file", lambda p: examples.data_parallel_step(problem=p + ".missing"),
+    ("no problem file", lambda p: multihost_examples.data_parallel_step(problem=p + ".missing"),
      InputError, "save_problem"),
-    ("problem not a path", lambda p: examples.load_problem(3), InputTypeError, "file name"),
-    ("rows_per_device 0", lambda p: examples.describe_process(rows_per_device=0), InputError,
+    ("problem not a path", lambda p: multihost_examples.load_problem(3), InputTypeError, "file name"),
+    ("rows_per_device 0", lambda p: multihost_examples.describe_process(rows_per_device=0), InputError,
      "rows_per_device"),
-    ("rows_per_device -1", lambda p: examples.describe_process(rows_per_device=-1),
+    ("rows_per_device -1", lambda p: multihost_examples.describe_process(rows_per_device=-1),
      InputError, "rows_per_device"),
-    ("raise_on '0'", lambda p: examples.misbehave(raise_on="0"), InputTypeError, "raise_on"),
-    ("hang_on -1", lambda p: examples.misbehave(hang_on=-1), InputError, "hang_on"),
-    ("layer sizes of one", lambda p: examples.example_problem(layer_sizes=(8,)), InputError,
+    ("raise_on '0'", lambda p: multihost_examples.misbehave(raise_on="0"), InputTypeError, "raise_on"),
+    ("hang_on -1", lambda p: multihost_examples.misbehave(hang_on=-1), InputError, "hang_on"),
+    ("layer sizes of one", lambda p: multihost_examples.example_problem(layer_sizes=(8,)), InputError,
      "layer_sizes"),
-    ("examples 0", lambda p: examples.example_problem(num_examples=0), InputError,
+    ("examples 0", lambda p: multihost_examples.example_problem(num_examples=0), InputError,
      "num_examples"),
-    ("save to None", lambda p: examples.save_problem(None), InputTypeError, "file name"),
-    ("compare a string", lambda p: examples.compare_to_reference("r", {}), InputTypeError,
+    ("save to None", lambda p: multihost_examples.save_problem(None), InputTypeError, "file name"),
+    ("compare a string", lambda p: multihost_examples.compare_to_reference("r", {}), InputTypeError,
      "launch"),
 ]
 

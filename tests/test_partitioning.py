@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo, hlo_text
-from spmd_guide import partitioning as pt
+from spmd_guide import checks, hlo, hlo_text, partitioning
 from spmd_guide.display import error_of
 from spmd_guide.timing import Timing, speedup
 
@@ -50,7 +49,7 @@ def ring_all_gather(gathered_bytes: int, n: int) -> int:
 
 
 def square(mesh, spec, size: int = 8) -> jax.Array:
-    return pt.place(jnp.arange(size * size, dtype=jnp.float32).reshape(size, size), mesh, spec)
+    return partitioning.place(jnp.arange(size * size, dtype=jnp.float32).reshape(size, size), mesh, spec)
 
 
 # --------------------------------------------------------------------------- meshes and arrays
@@ -58,13 +57,13 @@ def square(mesh, spec, size: int = 8) -> jax.Array:
 
 class TestAutoMesh:
     def test_axes_are_auto_over_the_first_devices(self, devices):
-        mesh = pt.auto_mesh((2, 2), ("a", "b"))
+        mesh = partitioning.auto_mesh((2, 2), ("a", "b"))
         assert mesh.axis_types == (AxisType.Auto, AxisType.Auto)
         assert dict(mesh.shape) == {"a": 2, "b": 2}
         assert sorted(d.id for d in mesh.devices.flat) == [d.id for d in devices[:4]]
 
     def test_devices_keep_their_order(self, devices):
-        mesh = pt.auto_mesh((4,), ("x",), devices=devices[3::-1])
+        mesh = partitioning.auto_mesh((4,), ("x",), devices=devices[3::-1])
         assert [d.id for d in mesh.devices.flat] == [3, 2, 1, 0]
 
     @pytest.mark.parametrize("shape, names, message", [
@@ -77,13 +76,13 @@ class TestAutoMesh:
     ])
     def test_bad_meshes_are_refused(self, shape, names, message):
         with pytest.raises(ValueError, match=message):
-            pt.auto_mesh(shape, names)
+            partitioning.auto_mesh(shape, names)
 
 
 class TestPlace:
     def test_lays_out_by_the_spec(self):
         mesh = mesh_of(8, ("a", "b"), (4, 2))
-        x = pt.place(np.arange(64.0).reshape(8, 8), mesh, P("a", "b"))
+        x = partitioning.place(np.arange(64.0).reshape(8, 8), mesh, P("a", "b"))
         assert x.sharding == NamedSharding(mesh, P("a", "b"))
         assert {s.data.shape for s in x.addressable_shards} == {(2, 4)}
         np.testing.assert_array_equal(np.asarray(x), np.arange(64.0).reshape(8, 8))
@@ -99,10 +98,10 @@ class TestPlace:
     def test_uneven_or_unknown_layouts_are_refused(self, shape, spec, message):
         mesh = mesh_of(8, ("a", "b"), (4, 2))
         if message is None:
-            assert pt.place(np.zeros(shape), mesh, spec).shape == shape
+            assert partitioning.place(np.zeros(shape), mesh, spec).shape == shape
         else:
             with pytest.raises(ValueError, match=message):
-                pt.place(np.zeros(shape), mesh, spec)
+                partitioning.place(np.zeros(shape), mesh, spec)
 
     @settings(max_examples=15, deadline=None)
     @given(rows=st.integers(1, 12), cols=st.integers(1, 12),
@@ -112,25 +111,25 @@ class TestPlace:
         spec = P(row_axis, col_axis)
         if row_axis is not None and row_axis == col_axis:
             with pytest.raises(ValueError, match="twice"):
-                pt.place(np.zeros((rows, cols)), mesh, spec)
+                partitioning.place(np.zeros((rows, cols)), mesh, spec)
             return
         ways = [dict(mesh.shape)[a] if a else 1 for a in (row_axis, col_axis)]
         values = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
         if rows % ways[0] or cols % ways[1]:
             with pytest.raises(ValueError, match="not divisible"):
-                pt.place(values, mesh, spec)
+                partitioning.place(values, mesh, spec)
         else:
-            placed = pt.place(values, mesh, spec)
+            placed = partitioning.place(values, mesh, spec)
             assert {s.data.shape for s in placed.addressable_shards} == {
                 (rows // ways[0], cols // ways[1])}
             np.testing.assert_array_equal(np.asarray(placed), values)
 
 
 def test_spec_text_drops_trailing_none():
-    assert pt.spec_text(P("a", None)) == "P('a')"
-    assert pt.spec_text(P(None, "b")) == "P(None, 'b')"
-    assert pt.spec_text(P()) == "P()"
-    assert pt.spec_text(P(("a", "b"), None)) == "P(('a', 'b'))"
+    assert partitioning.spec_text(P("a", None)) == "P('a')"
+    assert partitioning.spec_text(P(None, "b")) == "P(None, 'b')"
+    assert partitioning.spec_text(P()) == "P()"
+    assert partitioning.spec_text(P(("a", "b"), None)) == "P(('a', 'b'))"
 
 
 # --------------------------------------------------------------------------- chapter 1 facts
@@ -146,7 +145,7 @@ class TestComputationFollowsSharding:
             pytest.skip("8 and 2 devices cover it")
         mesh = self.mesh(shape)
         x = square(mesh, P("a", "b"))
-        run = pt.partitioning(pt.elementwise, x)
+        run = partitioning.partitioning(partitioning.elementwise, x)
         assert run.output_sharding.is_equivalent_to(x.sharding, 2)
         assert run.output_spec == "P('a', 'b')"
         no_other_kinds(run.counts)
@@ -157,7 +156,7 @@ class TestComputationFollowsSharding:
     def test_column_sums_all_reduce_over_a(self, shape):
         a, b = shape
         mesh = self.mesh(shape)
-        run = pt.partitioning(pt.column_sums, square(mesh, P("a", "b")))
+        run = partitioning.partitioning(partitioning.column_sums, square(mesh, P("a", "b")))
         assert equivalent(run.output_sharding, mesh, P("b"), 1)
         (op,) = run.ops
         assert (op.kind, op.group_size, op.shape) == ("all-reduce", a, (8 // b,))
@@ -170,7 +169,7 @@ class TestComputationFollowsSharding:
         if b == 1:
             pytest.skip("no mesh axis along the rows: nothing to add up")
         mesh = self.mesh(shape)
-        run = pt.partitioning(lambda t: t.sum(axis=1), square(mesh, P("a", "b")))
+        run = partitioning.partitioning(lambda t: t.sum(axis=1), square(mesh, P("a", "b")))
         assert equivalent(run.output_sharding, mesh, P("a"), 1)
         (op,) = run.ops
         assert (op.kind, op.group_size) == ("all-reduce", b)
@@ -178,14 +177,14 @@ class TestComputationFollowsSharding:
 
     def test_rows_times_columns_is_free(self, shape):
         mesh = self.mesh(shape)
-        run = pt.matmul_partitioning("rows x columns", mesh)
+        run = partitioning.matmul_partitioning("rows x columns", mesh)
         assert equivalent(run.output_sharding, mesh, P("a", "b"), 2)
         assert run.ops == ()
 
     def test_sharded_contraction_all_reduces_the_partial_products(self, shape):
         a, _ = shape
         mesh = self.mesh(shape)
-        run = pt.matmul_partitioning("sharded contraction", mesh)
+        run = partitioning.matmul_partitioning("sharded contraction", mesh)
         assert run.output_sharding.is_fully_replicated
         (op,) = run.ops
         assert (op.kind, op.group_size, op.shape) == ("all-reduce", a, (16, 16))
@@ -196,7 +195,7 @@ class TestComputationFollowsSharding:
     def test_rows_out_all_reduces_then_slices_on_cpu(self, shape):
         a, _ = shape
         mesh = self.mesh(shape)
-        run = pt.matmul_partitioning("sharded contraction, rows out", mesh)
+        run = partitioning.matmul_partitioning("sharded contraction, rows out", mesh)
         assert equivalent(run.output_sharding, mesh, P("a"), 2)
         full = 16 * 16 * F32
         if shape == (2, 2):
@@ -214,8 +213,8 @@ class TestComputationFollowsSharding:
 
     def test_replicated_weights_exercise_2(self, shape):
         mesh = self.mesh(shape)
-        run = pt.partitioning(pt.matmul, pt.place(jnp.ones((16, 32)), mesh, P("a", None)),
-                              pt.place(jnp.ones((32, 16)), mesh, P()))
+        run = partitioning.partitioning(partitioning.matmul, partitioning.place(jnp.ones((16, 32)), mesh, P("a", None)),
+                              partitioning.place(jnp.ones((32, 16)), mesh, P()))
         assert equivalent(run.output_sharding, mesh, P("a"), 2)
         assert run.output_spec == "P('a')"
         assert run.ops == ()
@@ -226,29 +225,29 @@ class TestComputationFollowsSharding:
         mesh = self.mesh(shape)
         x = square(mesh, P("a", "b"))
         assert jnp.copy(x).sharding == x.sharding
-        run = pt.partitioning(jnp.copy, x, what="jnp.copy")
+        run = partitioning.partitioning(jnp.copy, x, what="jnp.copy")
         assert run.ops == () and run.output_sharding.is_equivalent_to(x.sharding, 2)
 
 
 def test_matmul_results_are_correct_and_cases_are_checked():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     lhs = np.arange(16 * 32, dtype=np.float32).reshape(16, 32) / (16 * 32)
-    for name, case in pt.MATMUL_CASES.items():
-        left = pt.place(lhs, mesh, case.lhs)
-        right = pt.place(np.ones((32, 16), np.float32), mesh, case.rhs)
-        np.testing.assert_allclose(np.asarray(jax.jit(pt.matmul)(left, right)),
+    for name, case in partitioning.MATMUL_CASES.items():
+        left = partitioning.place(lhs, mesh, case.lhs)
+        right = partitioning.place(np.ones((32, 16), np.float32), mesh, case.rhs)
+        np.testing.assert_allclose(np.asarray(jax.jit(partitioning.matmul)(left, right)),
                                    lhs @ np.ones((32, 16)), rtol=1e-5, err_msg=name)
     with pytest.raises(ValueError, match="unknown matmul case"):
-        pt.matmul_partitioning("diagonal", mesh)
+        partitioning.matmul_partitioning("diagonal", mesh)
     with pytest.raises(ValueError, match="not an axis of the mesh"):
-        pt.matmul_partitioning("rows x columns", mesh_of(8))
+        partitioning.matmul_partitioning("rows x columns", mesh_of(8))
 
 
 def test_partitioning_table_rows():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
-    runs = [pt.matmul_partitioning(name, mesh) for name in pt.MATMUL_CASES]
-    table = pt.partitioning_table(runs)
-    assert [r["what"] for r in table.rows] == list(pt.MATMUL_CASES)
+    runs = [partitioning.matmul_partitioning(name, mesh) for name in partitioning.MATMUL_CASES]
+    table = partitioning.partitioning_table(runs)
+    assert [r["what"] for r in table.rows] == list(partitioning.MATMUL_CASES)
     assert table.rows[1]["collectives"] == "1 all-reduce in groups of 4"
     assert table.rows[1]["bytes sent"] == "1.5 KiB"
     assert table.rows[0]["inputs"] == "P('a')\nP(None, 'b')"
@@ -258,7 +257,7 @@ def test_partitioning_table_rows():
 def test_partitioning_refuses_several_outputs():
     x = square(mesh_of(8, ("a", "b"), (4, 2)), P("a", "b"))
     with pytest.raises(ValueError, match="one array output"):
-        pt.partitioning(lambda t: (t, t), x)
+        partitioning.partitioning(lambda t: (t, t), x)
 
 
 @pytest.mark.parametrize("shape, transposed_ops, transposed_bytes", [
@@ -274,15 +273,15 @@ def test_with_sharding_constraint_costs(shape, transposed_ops, transposed_bytes)
     z = square(xy, P("x", "y"))
     values = np.arange(64.0, dtype=np.float32).reshape(8, 8)
 
-    transposed = pt.resharded_sine(NamedSharding(xy, P("y", "x")))
-    run = pt.partitioning(transposed, z)
+    transposed = partitioning.resharded_sine(NamedSharding(xy, P("y", "x")))
+    run = partitioning.partitioning(transposed, z)
     assert equivalent(run.output_sharding, xy, P("y", "x"), 2)
     no_other_kinds(run.counts, **transposed_ops)
     assert run.bytes_sent == transposed_bytes
     np.testing.assert_allclose(np.asarray(transposed(z)), np.sin(values) + 1, atol=1e-6)
 
-    replicated = pt.resharded_sine(NamedSharding(xy, P()))
-    run = pt.partitioning(replicated, z)
+    replicated = partitioning.resharded_sine(NamedSharding(xy, P()))
+    run = partitioning.partitioning(replicated, z)
     assert run.output_sharding.is_fully_replicated
     no_other_kinds(run.counts, all_gather=2)
     # gather the columns over y (rows stay split over x), then the rows over x
@@ -290,20 +289,20 @@ def test_with_sharding_constraint_costs(shape, transposed_ops, transposed_bytes)
                               + ring_all_gather(8 * 8 * F32, x_size))
     assert sorted(op.group_size for op in run.ops) == sorted([x_size, y_size])
 
-    rows_kept = pt.resharded_sine(NamedSharding(xy, P("x", None)))  # exercise 3
-    run = pt.partitioning(rows_kept, z)
+    rows_kept = partitioning.resharded_sine(NamedSharding(xy, P("x", None)))  # exercise 3
+    run = partitioning.partitioning(rows_kept, z)
     assert equivalent(run.output_sharding, xy, P("x"), 2)
     (op,) = run.ops
     assert (op.kind, op.group_size) == ("all-gather", y_size)
     assert run.bytes_sent == ring_all_gather(8 // x_size * 8 * F32, y_size)
     if shape == (4, 2):
-        assert pt.partitioning(replicated, z).bytes_sent == 224 and run.bytes_sent == 32
+        assert partitioning.partitioning(replicated, z).bytes_sent == 224 and run.bytes_sent == 32
 
 
 def test_chapter_wording_of_the_constraint_costs():
     xy = mesh_of(8, ("x", "y"), (4, 2))
     z = square(xy, P("x", "y"))
-    run = pt.partitioning(pt.resharded_sine(NamedSharding(xy, P())), z)
+    run = partitioning.partitioning(partitioning.resharded_sine(NamedSharding(xy, P())), z)
     assert run.collectives_text == "1 all-gather in groups of 2 and 1 all-gather in groups of 4"
 
 
@@ -312,27 +311,27 @@ def test_chapter_wording_of_the_constraint_costs():
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_arguments_on_different_devices_are_an_error(devices, k):
-    first = pt.auto_mesh((k,), ("x",), devices=devices[:k])
-    other = pt.auto_mesh((k,), ("x",), devices=devices[k:2 * k])
-    u = pt.place(jnp.arange(8.0), first, P("x"))
-    v = pt.place(jnp.arange(8.0), other, P("x"))
+    first = partitioning.auto_mesh((k,), ("x",), devices=devices[:k])
+    other = partitioning.auto_mesh((k,), ("x",), devices=devices[k:2 * k])
+    u = partitioning.place(jnp.arange(8.0), first, P("x"))
+    v = partitioning.place(jnp.arange(8.0), other, P("x"))
     message = error_of(jax.jit(lambda a, b: a + b), u, v)
     assert message.startswith("ValueError: Received incompatible devices")
 
 
 @pytest.mark.parametrize("k", [2, 8])
 def test_same_devices_in_another_order_are_an_error(devices, k):
-    first = pt.auto_mesh((k,), ("x",), devices=devices[:k])
-    backwards = pt.auto_mesh((k,), ("x",), devices=devices[k - 1::-1])
-    u = pt.place(jnp.arange(8.0), first, P("x"))
-    w = pt.place(jnp.arange(8.0), backwards, P("x"))
+    first = partitioning.auto_mesh((k,), ("x",), devices=devices[:k])
+    backwards = partitioning.auto_mesh((k,), ("x",), devices=devices[k - 1::-1])
+    u = partitioning.place(jnp.arange(8.0), first, P("x"))
+    w = partitioning.place(jnp.arange(8.0), backwards, P("x"))
     assert error_of(jax.jit(lambda a, b: a + b), u, w).startswith(
         "ValueError: Received incompatible devices")
 
 
 def test_committed_and_uncommitted(devices):
-    mesh = pt.auto_mesh((4,), ("x",), devices=devices[:4])
-    y = pt.place(jnp.arange(8.0), mesh, P("x"))
+    mesh = partitioning.auto_mesh((4,), ("x",), devices=devices[:4])
+    y = partitioning.place(jnp.arange(8.0), mesh, P("x"))
     like = jnp.ones_like(y)
     fresh = jnp.ones(8)
     assert y.committed and like.committed and not fresh.committed
@@ -349,8 +348,8 @@ def test_committed_and_uncommitted(devices):
 
 
 def test_single_vs_sharded_reports_both_device_counts():
-    mesh = pt.auto_mesh((8,), ("x",))
-    single, sharded = pt.single_vs_sharded(pt.elementwise, [jnp.ones(64)], mesh, [P("x")],
+    mesh = partitioning.auto_mesh((8,), ("x",))
+    single, sharded = partitioning.single_vs_sharded(partitioning.elementwise, [jnp.ones(64)], mesh, [P("x")],
                                            runs=2, label="sin")
     assert isinstance(single, Timing) and isinstance(sharded, Timing)
     assert (single.device_count, sharded.device_count) == (1, 8)
@@ -358,7 +357,7 @@ def test_single_vs_sharded_reports_both_device_counts():
     assert len(single.times) == 2
     assert speedup(single, sharded) == pytest.approx(single.median / sharded.median)
     with pytest.raises(ValueError, match="one PartitionSpec per array"):
-        pt.single_vs_sharded(pt.matmul, [jnp.ones((8, 8))], mesh, [P("x"), P()])
+        partitioning.single_vs_sharded(partitioning.matmul, [jnp.ones((8, 8))], mesh, [P("x"), P()])
 
 
 # --------------------------------------------------------------------------- under the hood
@@ -367,13 +366,13 @@ def test_single_vs_sharded_reports_both_device_counts():
 def test_lowered_program_carries_shardy_annotations():
     assert jax.config.jax_use_shardy_partitioner is True
     mesh = mesh_of(8, ("a", "b"), (4, 2))
-    text = jax.jit(pt.column_sums).lower(square(mesh, P("a", "b"))).as_text()
+    text = jax.jit(partitioning.column_sums).lower(square(mesh, P("a", "b"))).as_text()
     assert "sdy.mesh @mesh" in text and "#sdy.sharding<@mesh" in text
 
 
 def test_entry_computation_and_lines_with():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
-    text = jax.jit(pt.column_sums).lower(square(mesh, P("a", "b"))).compile().as_text()
+    text = jax.jit(partitioning.column_sums).lower(square(mesh, P("a", "b"))).compile().as_text()
     entry = hlo_text.entry_computation(text)
     assert entry.startswith("ENTRY") and entry.rstrip().endswith("}")
     assert "metadata=" not in entry and "FileNames" not in entry
@@ -388,15 +387,15 @@ def test_entry_computation_and_lines_with():
 def test_cost_analysis_is_per_device():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     x = square(mesh, P("a", "b"))
-    sharded = jax.jit(pt.elementwise).lower(x).compile().cost_analysis()
-    single = jax.jit(pt.elementwise).lower(np.asarray(x)).compile().cost_analysis()
+    sharded = jax.jit(partitioning.elementwise).lower(x).compile().cost_analysis()
+    single = jax.jit(partitioning.elementwise).lower(np.asarray(x)).compile().cost_analysis()
     assert (int(sharded["flops"]), int(single["flops"])) == (16, 128)  # 2 flops per element
     assert int(sharded["transcendentals"]) == 8
 
 
 def test_dump_dot_writes_graphviz_files(tmp_path):
     mesh = mesh_of(8, ("a", "b"), (4, 2))
-    paths = pt.dump_dot(pt.column_sums, square(mesh, P("a", "b")), directory=tmp_path)
+    paths = partitioning.dump_dot(partitioning.column_sums, square(mesh, P("a", "b")), directory=tmp_path)
     names = [p.name for p in paths]
     assert len(paths) == 2
     assert any("before_optimizations" in n for n in names)
@@ -411,16 +410,16 @@ def test_the_old_graph_route_is_gone():
 
 def test_dataflow_marks_the_collectives():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
-    f = jax.jit(pt.matmul, out_shardings=NamedSharding(mesh, P("a", None)))
-    lhs = pt.place(jnp.ones((16, 32)), mesh, P(None, "a"))
-    rhs = pt.place(jnp.ones((32, 16)), mesh, P("a", None))
-    nodes = pt.entry_dataflow(hlo.compiled_text(f, lhs, rhs))
+    f = jax.jit(partitioning.matmul, out_shardings=NamedSharding(mesh, P("a", None)))
+    lhs = partitioning.place(jnp.ones((16, 32)), mesh, P(None, "a"))
+    rhs = partitioning.place(jnp.ones((32, 16)), mesh, P("a", None))
+    nodes = partitioning.entry_dataflow(hlo.compiled_text(f, lhs, rhs))
     names = {n.name for n in nodes}
     assert all(o in names for n in nodes for o in n.operands)
     assert [n.opcode for n in nodes if n.is_collective] == ["all-reduce"]
     (reduce,) = [n for n in nodes if n.is_collective]
     assert reduce.shape_text == "f32[16,16]"
-    figure = pt.plot_dataflow(f, lhs, rhs, title="t")
+    figure = partitioning.plot_dataflow(f, lhs, rhs, title="t")
     red = [p for p in figure.axes[0].patches if p.get_facecolor()[0] > 0.9
            and p.get_facecolor()[1] < 0.7]
     assert len(red) == 1 and len(figure.axes[0].patches) == len(nodes)
@@ -481,7 +480,7 @@ def test_the_rules_table():
             "cumsum": (lambda t: jnp.cumsum(t, axis=0), "ShardingTypeError: Input should be"),
             "matmul": (lambda t: t @ w, "float32[8@x,6@y]"),
         }
-        table = pt.result_types({k: f for k, (f, _) in expected.items()}, a)
+        table = partitioning.result_types({k: f for k, (f, _) in expected.items()}, a)
         got = {row["operation"]: row["result type"] for row in table.rows}
         for name, (_, want) in expected.items():
             assert got[name].startswith(want), (name, got[name])
@@ -510,7 +509,7 @@ def test_matmul_type_error_and_its_fixes(k):
         want = np.arange(32.0).reshape(8, 4) @ np.arange(32.0).reshape(4, 8)
         x_size, y_size = dict(mesh.shape)["x"], dict(mesh.shape)["y"]
         for fix in (fix_out, fix_reshard):
-            run = pt.partitioning(fix, a, b)
+            run = partitioning.partitioning(fix, a, b)
             product = run.compiled(a, b)
             assert str(jax.typeof(product)) == "float32[8@x,8]"
             np.testing.assert_allclose(np.asarray(product), want)
@@ -554,13 +553,13 @@ def test_auto_axes_region():
         assert seen == [("float32[8,4]", "float32[4,8]")]
         assert str(jax.typeof(result)) == "float32[8@x,8]"
         np.testing.assert_allclose(np.asarray(result), np.asarray(a) @ np.asarray(b))
-        run = pt.partitioning(matmul_auto, a, b)
+        run = partitioning.partitioning(matmul_auto, a, b)
         assert run.collectives_text == "1 all-gather in groups of 4 and 1 all-gather in groups of 2"
         assert run.bytes_sent == 112
 
 
 def test_explicit_axes_region():
-    mesh = pt.auto_mesh((4, 2), ("x", "y"))
+    mesh = partitioning.auto_mesh((4, 2), ("x", "y"))
     with jax.set_mesh(mesh):
         c = jax.device_put(np.arange(32.0).reshape(8, 4), jax.P("x", "y"))
         seen = []
@@ -576,7 +575,7 @@ def test_explicit_axes_region():
 
         totals = sums_explicit(c)
     assert seen == ["float32[8,4]", "float32[8@x,4@y]"]
-    assert pt.sharding_text(totals.sharding) == "P('y')"
+    assert partitioning.sharding_text(totals.sharding) == "P('y')"
     np.testing.assert_allclose(np.asarray(totals), np.arange(32.0).reshape(8, 4).sum(0))
 
 
@@ -593,13 +592,13 @@ def test_api_changes_stated_in_the_chapter():
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
-    (lambda m: pt.place(None, m, P()), checks.InputTypeError, "must be an array"),
-    (lambda m: pt.place(np.ones(8), m, "a"), checks.InputTypeError, "PartitionSpec"),
-    (lambda m: pt.spec_text("xy"), checks.InputTypeError, "PartitionSpec"),
-    (lambda m: pt.sharding_text(3), checks.InputTypeError, "Sharding"),
-    (lambda m: pt.matmul_partitioning("rows x columns", m, m=0), checks.InputError, "m must"),
-    (lambda m: pt.matmul_partitioning("nope", m), checks.InputError, "unknown matmul case"),
-    (lambda m: pt.auto_mesh(8, "x"), checks.InputTypeError, "tuple of strings"),
+    (lambda m: partitioning.place(None, m, P()), checks.InputTypeError, "must be an array"),
+    (lambda m: partitioning.place(np.ones(8), m, "a"), checks.InputTypeError, "PartitionSpec"),
+    (lambda m: partitioning.spec_text("xy"), checks.InputTypeError, "PartitionSpec"),
+    (lambda m: partitioning.sharding_text(3), checks.InputTypeError, "Sharding"),
+    (lambda m: partitioning.matmul_partitioning("rows x columns", m, m=0), checks.InputError, "m must"),
+    (lambda m: partitioning.matmul_partitioning("nope", m), checks.InputError, "unknown matmul case"),
+    (lambda m: partitioning.auto_mesh(8, "x"), checks.InputTypeError, "tuple of strings"),
 ])
 def test_bad_input_gets_a_clear_error(call, error, word):
     with pytest.raises(error, match=word):
@@ -607,9 +606,9 @@ def test_bad_input_gets_a_clear_error(call, error, word):
 
 
 def test_valid_inputs_that_used_to_fail_or_mislead():
-    assert pt.sharding_text(P("x")) == "P('x')"  # a spec, not a sharding: read as itself
-    assert dict(pt.auto_mesh(8, ("x",)).shape) == {"x": 8}
-    assert dict(pt.auto_mesh((np.int64(2), 4), ("a", "b")).shape) == {"a": 2, "b": 4}
+    assert partitioning.sharding_text(P("x")) == "P('x')"  # a spec, not a sharding: read as itself
+    assert dict(partitioning.auto_mesh(8, ("x",)).shape) == {"x": 8}
+    assert dict(partitioning.auto_mesh((np.int64(2), 4), ("a", "b")).shape) == {"a": 2, "b": 4}
 
 
 def test_explicit_chapter_both_fixes_compile_to_one_program():
@@ -621,8 +620,8 @@ def test_explicit_chapter_both_fixes_compile_to_one_program():
         b = jax.device_put(np.arange(32.0).reshape(4, 8), P("x", None))
         fix_out = jax.jit(lambda a, b: jnp.matmul(a, b, out_sharding=P("x", None)))
         fix_reshard = jax.jit(lambda a, b: a @ jax.reshard(b, P()))
-        first, second = pt.partitioning(fix_out, a, b), pt.partitioning(fix_reshard, a, b)
-        other = pt.partitioning(jax.jit(lambda x: x * 2), jax.device_put(np.ones(8), P()))
+        first, second = partitioning.partitioning(fix_out, a, b), partitioning.partitioning(fix_reshard, a, b)
+        other = partitioning.partitioning(jax.jit(lambda x: x * 2), jax.device_put(np.ones(8), P()))
     assert hlo_text.same_program(first.compiled, second.compiled)
     assert sorted((op.shape, op.group_size) for op in first.ops) == [((2, 4), 2), ((4, 8), 4)]
     assert not hlo_text.same_program(first.compiled, other.compiled)

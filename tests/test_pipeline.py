@@ -10,7 +10,7 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import pipeline as pp
+from spmd_guide import pipeline
 from spmd_guide.checks import InputError, InputTypeError
 
 LAYERS, WIDTH, BATCH = 8, 8, 24  # the chapter uses 8 x 128 and a batch of 256
@@ -18,9 +18,9 @@ LAYERS, WIDTH, BATCH = 8, 8, 24  # the chapter uses 8 x 128 and a batch of 256
 
 @pytest.fixture(scope="module")
 def model():
-    params = pp.init_stack(jax.random.key(3), LAYERS, WIDTH)
-    batch = pp.make_batch(jax.random.key(4), BATCH, WIDTH)
-    value, grads = jax.jit(jax.value_and_grad(pp.stack_loss, argnums=(0, 1)))(params, batch)
+    params = pipeline.init_stack(jax.random.key(3), LAYERS, WIDTH)
+    batch = pipeline.make_batch(jax.random.key(4), BATCH, WIDTH)
+    value, grads = jax.jit(jax.value_and_grad(pipeline.stack_loss, argnums=(0, 1)))(params, batch)
     return params, batch, (value, grads)
 
 
@@ -34,9 +34,9 @@ def test_loss_and_gradients_equal_the_reference(model, n_stages, n_micro):
     """Both schedules in one compiled program (one compilation instead of two); 2 stages
     are in test_profile_counts_buffers_and_memory_gap, M < S is (8, 2)."""
     params, batch, want = model
-    mesh = pp.STRATEGIES["gpipe"].mesh(DEVICES[:n_stages])
-    params, batch = pp.STRATEGIES["gpipe"].shard(params, batch, mesh)
-    loss_fns = [s.loss(mesh, n_microbatches=n_micro) for s in pp.STRATEGIES.values()]
+    mesh = pipeline.STRATEGIES["gpipe"].mesh(DEVICES[:n_stages])
+    params, batch = pipeline.STRATEGIES["gpipe"].shard(params, batch, mesh)
+    loss_fns = [s.loss(mesh, n_microbatches=n_micro) for s in pipeline.STRATEGIES.values()]
     both = jax.jit(lambda p, b: [jax.value_and_grad(f, argnums=(0, 1))(p, b) for f in loss_fns])
     for got in both(params, batch):
         _assert_close(got, want)
@@ -46,12 +46,12 @@ def test_loss_and_gradients_equal_the_reference(model, n_stages, n_micro):
 
 def test_data_by_stage_training_keeps_layouts(model):
     params, batch, (want_loss, (want_grads, _)) = model
-    strategy = pp.STRATEGIES["1f1b"]
+    strategy = pipeline.STRATEGIES["1f1b"]
     mesh = strategy.mesh(DEVICES[:8], data=2)
     assert dict(mesh.shape) == {"data": 2, "stage": 4}
     params, batch = strategy.shard(params, batch, mesh)
     assert batch[0].sharding.spec == P("data")
-    step = pp.make_train_step(strategy, mesh, n_microbatches=3, learning_rate=0.1)
+    step = pipeline.make_train_step(strategy, mesh, n_microbatches=3, learning_rate=0.1)
     new, loss = step(params, batch)
     np.testing.assert_allclose(float(loss), float(want_loss), rtol=2e-5)
     _assert_close(new, jax.tree.map(lambda p, g: p - 0.1 * g, params, want_grads))
@@ -66,11 +66,11 @@ def test_data_by_stage_training_keeps_layouts(model):
 
 def test_profile_counts_buffers_and_memory_gap(model):
     params, batch, _ = model
-    strategy = pp.STRATEGIES["gpipe"]
+    strategy = pipeline.STRATEGIES["gpipe"]
     mesh = strategy.mesh(DEVICES[:2])
     params, batch = strategy.shard(params, batch, mesh)
-    rows = pp.profile(params, batch, mesh, n_microbatches=6)
-    assert "_temp" not in str(pp.profile_table(rows))
+    rows = pipeline.profile(params, batch, mesh, n_microbatches=6)
+    assert "_temp" not in str(pipeline.profile_table(rows))
     rows = {r["schedule"]: r for r in rows}
     assert rows["gpipe"]["in flight"] == 6 and rows["1f1b"]["in flight"] == 2
     assert all(r["_error"] < 1e-4 and r["ppermutes"] == 2 for r in rows.values())
@@ -88,8 +88,8 @@ def _stack(n_layers, width, batch_size, features=None):
 
 
 def _bad_cases():
-    mesh4 = pp.STRATEGIES["gpipe"].mesh(DEVICES[:4])
-    loss = pp.STRATEGIES["gpipe"].loss(mesh4, n_microbatches=4)
+    mesh4 = pipeline.STRATEGIES["gpipe"].mesh(DEVICES[:4])
+    loss = pipeline.STRATEGIES["gpipe"].loss(mesh4, n_microbatches=4)
     params6, batch = _stack(6, 4, 8)
     params8, _ = _stack(8, 4, 8)
     return [
@@ -98,14 +98,14 @@ def _bad_cases():
         (lambda: loss(params8, _stack(8, 4, 8, features=5)[1]), InputError, "width 4"),
         (lambda: loss({"w": params8["w"]}, batch), InputTypeError, "dict"),
         (lambda: loss(params8, batch[0]), InputTypeError, "pair"),
-        (lambda: pp.STRATEGIES["1f1b"].loss(mesh4, n_microbatches=0), InputError, "at least 1"),
-        (lambda: pp.STRATEGIES["1f1b"].loss(jax.make_mesh((2,), ("x",), devices=DEVICES[:2]),
+        (lambda: pipeline.STRATEGIES["1f1b"].loss(mesh4, n_microbatches=0), InputError, "at least 1"),
+        (lambda: pipeline.STRATEGIES["1f1b"].loss(jax.make_mesh((2,), ("x",), devices=DEVICES[:2]),
                                             n_microbatches=2), InputError, "'stage'"),
-        (lambda: pp.STRATEGIES["gpipe"].mesh(DEVICES[:8], data=3), InputError, "divisible by 3"),
-        (lambda: pp.STRATEGIES["gpipe"].shard(params6, batch, mesh4), InputError, "n_layers"),
-        (lambda: pp.init_stack(0, 0, 4), InputError, "n_layers"),
-        (lambda: pp.init_stack(0.5, 2, 4), InputTypeError, "key"),
-        (lambda: pp.make_train_step(pp.STRATEGIES["gpipe"], mesh4, n_microbatches=2,
+        (lambda: pipeline.STRATEGIES["gpipe"].mesh(DEVICES[:8], data=3), InputError, "divisible by 3"),
+        (lambda: pipeline.STRATEGIES["gpipe"].shard(params6, batch, mesh4), InputError, "n_layers"),
+        (lambda: pipeline.init_stack(0, 0, 4), InputError, "n_layers"),
+        (lambda: pipeline.init_stack(0.5, 2, 4), InputTypeError, "key"),
+        (lambda: pipeline.make_train_step(pipeline.STRATEGIES["gpipe"], mesh4, n_microbatches=2,
                                     learning_rate=-1.0), InputError, "positive"),
     ]
 

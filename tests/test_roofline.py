@@ -15,9 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, nn
-from spmd_guide import roofline as rf
-from spmd_guide import roofline_pages as rp
+from spmd_guide import hlo, nn, roofline, roofline_pages
 from spmd_guide.checks import InputError, InputTypeError
 
 REQUIRED = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100-sxm", "h200", "b200"}
@@ -27,8 +25,8 @@ REQUIRED = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100-sxm", "h200", "b200
 
 
 def test_every_required_chip_is_listed_with_a_source():
-    assert REQUIRED <= set(rf.CHIPS)
-    for key, chip in rf.CHIPS.items():
+    assert REQUIRED <= set(roofline.CHIPS)
+    for key, chip in roofline.CHIPS.items():
         assert chip.key == key
         assert chip.source.split()[0].startswith("https://"), key
         assert chip.read_via and chip.date_read.count("-") == 2
@@ -37,8 +35,8 @@ def test_every_required_chip_is_listed_with_a_source():
 
 @pytest.mark.parametrize("key", sorted(REQUIRED))
 def test_chip_numbers_are_plain_floats_in_si_units(key):
-    chip = rf.CHIPS[key]
-    for name in rf.UNITS:
+    chip = roofline.CHIPS[key]
+    for name in roofline.UNITS:
         assert type(getattr(chip, name)) is float
     # SI, not tera- or giga-: plausible ranges for 2021-2025 accelerators.
     assert 1e14 <= chip.peak_flops_bf16 <= 1e16
@@ -50,11 +48,11 @@ def test_chip_numbers_are_plain_floats_in_si_units(key):
 
 
 def test_published_figures_as_read():
-    assert rf.CHIPS["tpu-v5e"].peak_flops_bf16 == 1.97e14
-    assert rf.CHIPS["tpu-v5e"].hbm_bandwidth == 8.19e11
-    assert rf.CHIPS["h100-sxm"].peak_flops_bf16 == 9.89e14  # half the sparse 1,979 TFLOPS
-    assert rf.CHIPS["h100-sxm"].interconnect_bandwidth == 4.5e11  # 900 GB/s bidirectional
-    assert rf.CHIPS["tpu-v5p"].network_bandwidth == 50e9 / 8  # 50 Gbps per chip
+    assert roofline.CHIPS["tpu-v5e"].peak_flops_bf16 == 1.97e14
+    assert roofline.CHIPS["tpu-v5e"].hbm_bandwidth == 8.19e11
+    assert roofline.CHIPS["h100-sxm"].peak_flops_bf16 == 9.89e14  # half the sparse 1,979 TFLOPS
+    assert roofline.CHIPS["h100-sxm"].interconnect_bandwidth == 4.5e11  # 900 GB/s bidirectional
+    assert roofline.CHIPS["tpu-v5p"].network_bandwidth == 50e9 / 8  # 50 Gbps per chip
 
 
 def _write(tmp_path, text):
@@ -86,9 +84,9 @@ date_read = "2026-11-23"
     (lambda t: t.replace("hbm_bytes = 1e10", 'hbm_bytes = "16 GB"'), "positive"),
 ])
 def test_loader_refuses_bad_entries(tmp_path, edit, word):
-    assert rf.load_chips(_write(tmp_path, GOOD))["x"].hbm_bytes == 1e10
+    assert roofline.load_chips(_write(tmp_path, GOOD))["x"].hbm_bytes == 1e10
     with pytest.raises(ValueError, match=word):
-        rf.load_chips(_write(tmp_path, edit(GOOD)))
+        roofline.load_chips(_write(tmp_path, edit(GOOD)))
 
 
 # --------------------------------------------------------------------------- closed forms
@@ -98,16 +96,16 @@ def test_loader_refuses_bad_entries(tmp_path, edit, word):
 @given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64), st.sampled_from([2, 4]))
 def test_matmul_intensity_closed_form(m, k, n, size):
     expected = 2 * m * k * n / (size * (m * k + k * n + m * n))
-    assert rf.matmul_intensity(m, k, n, bytes_per_element=size) == pytest.approx(expected)
+    assert roofline.matmul_intensity(m, k, n, bytes_per_element=size) == pytest.approx(expected)
 
 
 def test_cost_analysis_counts_a_matmul_as_2mkn_and_its_bytes_once():
     m, k, n = 48, 80, 24
-    work = rf.counts(lambda a, b: a @ b, jnp.ones((m, k)), jnp.ones((k, n)))
+    work = roofline.counts(lambda a, b: a @ b, jnp.ones((m, k)), jnp.ones((k, n)))
     assert work.flops == 2 * m * k * n
     assert work.bytes_accessed == 4 * (m * k + k * n + m * n)
     assert work.flops / work.bytes_accessed == pytest.approx(
-        rf.matmul_intensity(m, k, n, bytes_per_element=4))
+        roofline.matmul_intensity(m, k, n, bytes_per_element=4))
     assert work.comm_bytes == 0
 
 
@@ -115,13 +113,13 @@ def test_cost_analysis_counts_a_matmul_as_2mkn_and_its_bytes_once():
 def test_mlp_forward_and_backward_flops_match_the_closed_forms(sizes, batch):
     params = nn.init_mlp(jax.random.key(0), sizes)
     data = (jnp.ones((batch, sizes[0])), jnp.ones((batch, sizes[-1])))
-    forward = rf.counts(nn.mlp_loss, params, data).flops
-    assert forward == (rf.mlp_matmul_flops(sizes, batch)
-                       + rf.mlp_elementwise_flops(sizes, batch))
-    both = rf.counts(jax.value_and_grad(nn.mlp_loss), params, data).flops
-    matmuls = rf.mlp_matmul_flops(sizes, batch, with_gradient=True)
+    forward = roofline.counts(nn.mlp_loss, params, data).flops
+    assert forward == (roofline.mlp_matmul_flops(sizes, batch)
+                       + roofline.mlp_elementwise_flops(sizes, batch))
+    both = roofline.counts(jax.value_and_grad(nn.mlp_loss), params, data).flops
+    matmuls = roofline.mlp_matmul_flops(sizes, batch, with_gradient=True)
     # The matmuls are all but the element-wise work (bias, ReLU, loss and their gradients).
-    assert matmuls < both <= matmuls + 4 * rf.mlp_elementwise_flops(sizes, batch)
+    assert matmuls < both <= matmuls + 4 * roofline.mlp_elementwise_flops(sizes, batch)
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -132,7 +130,7 @@ def test_dp_gradient_bytes_follow_the_ring_model(k):
     params = nn.init_mlp(jax.random.key(1), sizes)
     data = (jnp.ones((batch, 8)), jnp.ones((batch, 8)))
     params, data = strategy.shard(params, data, mesh)
-    work = rf.counts(jax.value_and_grad(strategy.loss(mesh)), params, data)
+    work = roofline.counts(jax.value_and_grad(strategy.loss(mesh)), params, data)
     param_bytes = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     # all-reduce of every gradient (2 (k-1)/k of its bytes) plus the scalar loss.
     assert work.comm_bytes == pytest.approx(2 * (k - 1) / k * (param_bytes + 4), abs=8)
@@ -142,76 +140,76 @@ def test_allgather_bytes_equal_ring_time_model():
     mesh = mesh_of(4)
     x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("x", None)))
     gather = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P()))
-    estimate = rf.predict(gather, x, chip="h100-sxm")
+    estimate = roofline.predict(gather, x, chip="h100-sxm")
     assert estimate.comm_bytes == hlo.ring_bytes("all-gather", 64 * 32 * 4, 4)
-    assert estimate.comm_s == pytest.approx(rf.ring_time(64 * 32 * 4, 4, "h100-sxm"))
+    assert estimate.comm_s == pytest.approx(roofline.ring_time(64 * 32 * 4, 4, "h100-sxm"))
 
 
 # --------------------------------------------------------------------------- predict's bound
 
 
 def test_predict_bound_is_the_largest_time():
-    small = rf.predict(lambda a, b: a + b, jnp.ones(1024), jnp.ones(1024), chip="tpu-v5e")
+    small = roofline.predict(lambda a, b: a + b, jnp.ones(1024), jnp.ones(1024), chip="tpu-v5e")
     assert small.bound == "memory" and small.memory_s > small.compute_s
-    big = rf.estimate(rf.Counts(flops=1e15, bytes_accessed=1e9, comm_bytes=0), "tpu-v5e")
+    big = roofline.estimate(roofline.Counts(flops=1e15, bytes_accessed=1e9, comm_bytes=0), "tpu-v5e")
     assert big.bound == "compute" and big.step_s == big.compute_s
-    talk = rf.estimate(rf.Counts(flops=1e9, bytes_accessed=1e6, comm_bytes=1e9), "h100-sxm")
+    talk = roofline.estimate(roofline.Counts(flops=1e9, bytes_accessed=1e6, comm_bytes=1e9), "h100-sxm")
     assert talk.bound == "communication"
     assert talk.comm_s == pytest.approx(1e9 / 4.5e11)
-    over = rf.estimate(rf.Counts(1e9, 1e6, 1e9), "h100-sxm", link="network")
+    over = roofline.estimate(roofline.Counts(1e9, 1e6, 1e9), "h100-sxm", link="network")
     assert over.comm_s == pytest.approx(1e9 / 5e10)
-    assert rf.estimate(rf.Counts(0, 2e6, 0), "h100-sxm", byte_scale=0.5).bytes_accessed == 1e6
+    assert roofline.estimate(roofline.Counts(0, 2e6, 0), "h100-sxm", byte_scale=0.5).bytes_accessed == 1e6
 
 
 def test_critical_batch_is_where_the_matmul_meets_the_ridge():
     for key in REQUIRED:
-        batch = rf.critical_batch(key, d=8192, f=8192)
-        assert rf.matmul_intensity(round(batch) + 1, 8192, 8192) > rf.CHIPS[key].ridge
-        assert rf.matmul_intensity(math.floor(batch) - 1, 8192, 8192) < rf.CHIPS[key].ridge
-        assert rf.critical_batch(key) < batch
-    assert rf.critical_batch("h100-sxm", d=64, f=64) == math.inf
+        batch = roofline.critical_batch(key, d=8192, f=8192)
+        assert roofline.matmul_intensity(round(batch) + 1, 8192, 8192) > roofline.CHIPS[key].ridge
+        assert roofline.matmul_intensity(math.floor(batch) - 1, 8192, 8192) < roofline.CHIPS[key].ridge
+        assert roofline.critical_batch(key) < batch
+    assert roofline.critical_batch("h100-sxm", d=64, f=64) == math.inf
 
 
 def test_parallelism_thresholds_balance_compute_and_communication():
-    chip = rf.CHIPS["h100-sxm"]
-    b = rf.dp_critical_batch(chip, n=8)
+    chip = roofline.CHIPS["h100-sxm"]
+    b = roofline.dp_critical_batch(chip, n=8)
     params = 1e9
     assert 4 * b * params / chip.peak_flops_bf16 == pytest.approx(
-        rf.ring_time(2 * params, 8, chip, kind="all-reduce"))
-    f = rf.tp_min_width(chip, 4)
-    assert rf.tp_max_ways(chip, math.ceil(f)) == 4
-    assert rf.tp_max_ways(chip, math.floor(f)) == 3
+        roofline.ring_time(2 * params, 8, chip, kind="all-reduce"))
+    f = roofline.tp_min_width(chip, 4)
+    assert roofline.tp_max_ways(chip, math.ceil(f)) == 4
+    assert roofline.tp_max_ways(chip, math.floor(f)) == 3
     rows = 3 * 2 * chip.comm_ridge / 2  # where compute meets communication on a 4-ring
-    compute, comm = rf.collective_matmul_times(round(rows), 512, 1024, 4, chip)
+    compute, comm = roofline.collective_matmul_times(round(rows), 512, 1024, 4, chip)
     assert compute == pytest.approx(comm, rel=1e-3)
-    assert rf.overlap_speedup(1.0, 1.0) == 2 and rf.overlap_speedup(3.0, 1.0) == pytest.approx(4 / 3)
+    assert roofline.overlap_speedup(1.0, 1.0) == 2 and roofline.overlap_speedup(3.0, 1.0) == pytest.approx(4 / 3)
     assert compute > 0 and comm > 0
-    assert rf.fsdp_critical_batch(chip, gathers=2) == pytest.approx(rf.dp_critical_batch(chip))
-    assert rf.fsdp_critical_batch(chip, n=8) == pytest.approx(2 / 3 * rf.dp_critical_batch(chip, n=8))
+    assert roofline.fsdp_critical_batch(chip, gathers=2) == pytest.approx(roofline.dp_critical_batch(chip))
+    assert roofline.fsdp_critical_batch(chip, n=8) == pytest.approx(2 / 3 * roofline.dp_critical_batch(chip, n=8))
 
 
 def test_mlp_predictions_rank_every_strategy_on_every_chip():
     sizes, batch = (64, 128, 128, 64), 256
-    work = {n: rp.strategy_counts(n, layer_sizes=sizes, batch=batch) for n in ("dp", "tp")}
+    work = {n: roofline_pages.strategy_counts(n, layer_sizes=sizes, batch=batch) for n in ("dp", "tp")}
     # dp all-reduces every f32 gradient once over 8 devices.
     grads = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     assert work["dp"].comm_bytes == pytest.approx(2 * 7 / 8 * grads, abs=16)
     assert work["dp"].flops == pytest.approx(
-        rf.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)
-    predictions = rp.predict_strategies(work)
-    assert len(predictions) == 2 * len(rf.CHIPS)
-    for key in rf.CHIPS:
-        assert sorted(rp.ranking(predictions, key)) == ["dp", "tp"]
-        rows = rp.prediction_rows(predictions, key)
+        roofline.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)
+    predictions = roofline_pages.predict_strategies(work)
+    assert len(predictions) == 2 * len(roofline.CHIPS)
+    for key in roofline.CHIPS:
+        assert sorted(roofline_pages.ranking(predictions, key)) == ["dp", "tp"]
+        rows = roofline_pages.prediction_rows(predictions, key)
         assert [r["rank"] for r in rows] == [1, 2]
-        assert {r["bound"] for r in rows} <= set(rf.BOUNDS)
+        assert {r["bound"] for r in rows} <= set(roofline.BOUNDS)
 
 
 # --------------------------------------------------------------------------- worked problems
 
 
 def test_worked_problems_answers():
-    answers = {p.key: p.value for p in rp.problems()}
+    answers = {p.key: p.value for p in roofline_pages.problems()}
     assert len(answers) >= 8
     assert answers["ridge"] == pytest.approx(9.89e14 / 3.35e12)
     assert answers["matmul_batch"] == pytest.approx(250, abs=1)
@@ -223,12 +221,12 @@ def test_worked_problems_answers():
     assert answers["allgather"] == pytest.approx(7 / 8 * 8192 * 28672 * 2 / 4.5e11)
     assert answers["overlap"] == pytest.approx(3 * 1.97e14 / 9e10)
     assert answers["decode"] == pytest.approx(14e9 / 4.8e12)
-    for p in rp.problems():
+    for p in roofline_pages.problems():
         assert p.question.endswith("?") and p.answer
 
 
 def test_rooflines_exercises_answers():
-    answers = {p.key: p.value for p in rp.intensity_exercises()}
+    answers = {p.key: p.value for p in roofline_pages.intensity_exercises()}
     assert answers["f32_intensity"] == pytest.approx(
         2 * 256 * 4096**2 / (2 * (256 * 4096 * 2 + 4096**2)))
     assert answers["b200_batch"] == pytest.approx(2.25e15 / 8e12)
@@ -239,10 +237,10 @@ def test_chip_for_device_kinds():
         def __init__(self, kind):
             self.device_kind = kind
 
-    assert rp.chip_for(Fake("NVIDIA H100 80GB HBM3")) == "h100-sxm"
-    assert rp.chip_for(Fake("TPU v5 lite")) == "tpu-v5e"
-    assert rp.chip_for(Fake("TPU v5p")) == "tpu-v5p"
-    assert rp.chip_for(Fake("cpu")) is None
+    assert roofline_pages.chip_for(Fake("NVIDIA H100 80GB HBM3")) == "h100-sxm"
+    assert roofline_pages.chip_for(Fake("TPU v5 lite")) == "tpu-v5e"
+    assert roofline_pages.chip_for(Fake("TPU v5p")) == "tpu-v5p"
+    assert roofline_pages.chip_for(Fake("cpu")) is None
 
 
 def test_measured_beside_predicted_on_an_accelerator():
@@ -253,32 +251,32 @@ def test_measured_beside_predicted_on_an_accelerator():
 
     step = jax.jit(lambda x: x @ x)
     measured = time_fn(step, a, runs=5).median
-    chip = rp.chip_for(jax.devices()[0])
+    chip = roofline_pages.chip_for(jax.devices()[0])
     if chip is None:
         pytest.skip(f"{jax.devices()[0].device_kind} is not in the chips file")
-    assert measured >= 0.5 * rf.predict(step, a, chip=chip).step_s
+    assert measured >= 0.5 * roofline.predict(step, a, chip=chip).step_s
 
 
 # --------------------------------------------------------------------------- bad input
 
 
 @pytest.mark.parametrize("call, error, word", [
-    (lambda: rf.matmul_intensity(0, 4, 4), InputError, "m"),
-    (lambda: rf.matmul_intensity(4, 4.5, 4), InputTypeError, "k"),
-    (lambda: rf.matmul_intensity(4, 4, 4, bytes_per_element=0), InputError, "bytes_per_element"),
-    (lambda: rf.get_chip("tpu-v9"), InputError, "tpu-v5e"),
-    (lambda: rf.get_chip(5), InputTypeError, "chip"),
-    (lambda: rf.predict(lambda a: a, jnp.ones(3), chip="nope"), InputError, "chip"),
-    (lambda: rf.predict("f", jnp.ones(3), chip="h200"), InputTypeError, "fn"),
-    (lambda: rf.estimate(rf.Counts(1, 1, 1), "h200", link="pcie"), InputError, "link"),
-    (lambda: rf.estimate(rf.Counts(1, 1, 1), "h200", byte_scale=-1), InputError, "byte_scale"),
-    (lambda: rf.critical_batch("h200", d=8), InputError, "both"),
-    (lambda: rf.ring_time(1e6, 8, "h200", kind="broadcast"), InputError, "kind"),
-    (lambda: rf.dp_critical_batch("h200", n=1), InputError, "n"),
-    (lambda: rf.tp_min_width("h200", 1), InputError, "n"),
-    (lambda: rf.overlap_speedup(0, 0), InputError, "nothing"),
-    (lambda: rf.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
-    (lambda: rp.strategy_counts("pipeline"), InputError, "strategy"),
+    (lambda: roofline.matmul_intensity(0, 4, 4), InputError, "m"),
+    (lambda: roofline.matmul_intensity(4, 4.5, 4), InputTypeError, "k"),
+    (lambda: roofline.matmul_intensity(4, 4, 4, bytes_per_element=0), InputError, "bytes_per_element"),
+    (lambda: roofline.get_chip("tpu-v9"), InputError, "tpu-v5e"),
+    (lambda: roofline.get_chip(5), InputTypeError, "chip"),
+    (lambda: roofline.predict(lambda a: a, jnp.ones(3), chip="nope"), InputError, "chip"),
+    (lambda: roofline.predict("f", jnp.ones(3), chip="h200"), InputTypeError, "fn"),
+    (lambda: roofline.estimate(roofline.Counts(1, 1, 1), "h200", link="pcie"), InputError, "link"),
+    (lambda: roofline.estimate(roofline.Counts(1, 1, 1), "h200", byte_scale=-1), InputError, "byte_scale"),
+    (lambda: roofline.critical_batch("h200", d=8), InputError, "both"),
+    (lambda: roofline.ring_time(1e6, 8, "h200", kind="broadcast"), InputError, "kind"),
+    (lambda: roofline.dp_critical_batch("h200", n=1), InputError, "n"),
+    (lambda: roofline.tp_min_width("h200", 1), InputError, "n"),
+    (lambda: roofline.overlap_speedup(0, 0), InputError, "nothing"),
+    (lambda: roofline.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
+    (lambda: roofline_pages.strategy_counts("pipeline"), InputError, "strategy"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):

@@ -8,29 +8,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_guide import schedules as sch
+from spmd_guide import schedules
 from spmd_guide.checks import InputError, InputTypeError
 from spmd_guide.drawing import show_figure
 
-sizes = st.tuples(st.sampled_from(sch.SCHEDULES), st.integers(1, 8), st.integers(1, 12))
+sizes = st.tuples(st.sampled_from(schedules.SCHEDULES), st.integers(1, 8), st.integers(1, 12))
 
 
 @settings(max_examples=15, deadline=None)
 @given(sizes)
 def test_every_operation_once_and_in_dependency_order(case):
     name, n_stages, n_micro = case
-    plan = sch.build_schedule(name, n_stages, n_micro)
-    for kind in (sch.FORWARD, sch.BACKWARD):
+    plan = schedules.build_schedule(name, n_stages, n_micro)
+    for kind in (schedules.FORWARD, schedules.BACKWARD):
         for s in range(n_stages):
             done = sorted(plan.micro[plan.kind[:, s] == kind, s].tolist())
             assert done == list(range(n_micro))  # each microbatch once, per stage and kind
     for m in range(n_micro):
         for s in range(n_stages):
-            f, b = plan.step_of(sch.FORWARD, m, s), plan.step_of(sch.BACKWARD, m, s)
+            f, b = plan.step_of(schedules.FORWARD, m, s), plan.step_of(schedules.BACKWARD, m, s)
             if s:
-                assert f > plan.step_of(sch.FORWARD, m, s - 1)
+                assert f > plan.step_of(schedules.FORWARD, m, s - 1)
             if s < n_stages - 1:
-                assert b > plan.step_of(sch.BACKWARD, m, s + 1)
+                assert b > plan.step_of(schedules.BACKWARD, m, s + 1)
             assert b > f
 
 
@@ -38,19 +38,19 @@ def test_every_operation_once_and_in_dependency_order(case):
 @given(sizes)
 def test_bubble_is_the_closed_form_and_counts_idle_slots(case):
     name, n_stages, n_micro = case
-    plan = sch.build_schedule(name, n_stages, n_micro)
-    closed = sch.closed_form_bubble(n_stages, n_micro)
+    plan = schedules.build_schedule(name, n_stages, n_micro)
+    closed = schedules.closed_form_bubble(n_stages, n_micro)
     assert plan.n_steps == 2 * (n_micro + n_stages - 1)
     assert plan.idle_slots == 2 * n_stages * (n_stages - 1)
     assert plan.idle_slots == round(closed * plan.n_steps * n_stages)
-    assert sch.bubble_fraction(name, n_stages, n_micro) == pytest.approx(closed, abs=1e-12)
+    assert schedules.bubble_fraction(name, n_stages, n_micro) == pytest.approx(closed, abs=1e-12)
 
 
 @settings(max_examples=15, deadline=None)
 @given(st.integers(1, 8), st.integers(1, 12))
 def test_in_flight_gpipe_holds_all_1f1b_at_most_the_stages(n_stages, n_micro):
-    gpipe = sch.build_schedule("gpipe", n_stages, n_micro).peak_in_flight()
-    one_f_one_b = sch.build_schedule("1f1b", n_stages, n_micro).peak_in_flight()
+    gpipe = schedules.build_schedule("gpipe", n_stages, n_micro).peak_in_flight()
+    one_f_one_b = schedules.build_schedule("1f1b", n_stages, n_micro).peak_in_flight()
     assert list(gpipe) == [n_micro] * n_stages
     assert one_f_one_b.max() == min(n_stages, n_micro)
     for s, held in enumerate(one_f_one_b):  # stage s: S - s, one more while an input waits
@@ -61,13 +61,13 @@ def test_in_flight_gpipe_holds_all_1f1b_at_most_the_stages(n_stages, n_micro):
 @given(sizes)
 def test_slots_of_microbatches_in_flight_never_collide(case):
     name, n_stages, n_micro = case
-    plan = sch.build_schedule(name, n_stages, n_micro)
+    plan = schedules.build_schedule(name, n_stages, n_micro)
     held = np.zeros((plan.n_steps, n_stages, n_micro), bool)
     for s in range(n_stages):
         for m in range(n_micro):
-            start = (plan.step_of(sch.FORWARD, m, s - 1) + 1 if s
-                     else plan.step_of(sch.FORWARD, m, 0))
-            held[start:plan.step_of(sch.BACKWARD, m, s) + 1, s, m] = True
+            start = (plan.step_of(schedules.FORWARD, m, s - 1) + 1 if s
+                     else plan.step_of(schedules.FORWARD, m, 0))
+            held[start:plan.step_of(schedules.BACKWARD, m, s) + 1, s, m] = True
     np.testing.assert_array_equal(held.sum(-1), plan.in_flight())
     for t in range(plan.n_steps):
         for s in range(n_stages):
@@ -76,28 +76,28 @@ def test_slots_of_microbatches_in_flight_never_collide(case):
 
 
 def test_tables_say_where_received_values_go():
-    plan = sch.build_schedule("1f1b", 3, 4)
+    plan = schedules.build_schedule("1f1b", 3, 4)
     tables = plan.tables()
-    t = plan.step_of(sch.FORWARD, 2, 0)
+    t = plan.step_of(schedules.FORWARD, 2, 0)
     assert tables["recv_f"][t, 1] == 2 % plan.n_slots and tables["recv_f"][t, 0] == -1
-    t = plan.step_of(sch.BACKWARD, 1, 2)
+    t = plan.step_of(schedules.BACKWARD, 1, 2)
     assert tables["recv_b"][t, 1] == 1 % plan.n_slots and tables["recv_b"][t, 2] == -1
     assert set(tables) == {"kind", "micro", "slot", "recv_f", "recv_b"}
 
 
 def test_rows_and_drawing():
-    plan = sch.build_schedule("gpipe", 2, 2)
+    plan = schedules.build_schedule("gpipe", 2, 2)
     assert [r["0"] for r in plan.rows()] == ["F0", "."]
-    fig = sch.draw_schedule(plan)
+    fig = schedules.draw_schedule(plan)
     assert len(fig.axes[0].patches) == plan.n_steps * plan.n_stages
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
-    (lambda: sch.build_schedule("zigzag", 4, 4), InputError, "schedule"),
-    (lambda: sch.build_schedule("gpipe", 0, 4), InputError, "n_stages"),
-    (lambda: sch.build_schedule("gpipe", 4, 0), InputError, "n_microbatches"),
-    (lambda: sch.bubble_fraction("1f1b", 4, 2.5), InputTypeError, "integer"),
-    (lambda: sch.closed_form_bubble(True, 4), InputTypeError, "n_stages"),
+    (lambda: schedules.build_schedule("zigzag", 4, 4), InputError, "schedule"),
+    (lambda: schedules.build_schedule("gpipe", 0, 4), InputError, "n_stages"),
+    (lambda: schedules.build_schedule("gpipe", 4, 0), InputError, "n_microbatches"),
+    (lambda: schedules.bubble_fraction("1f1b", 4, 2.5), InputTypeError, "integer"),
+    (lambda: schedules.closed_form_bubble(True, 4), InputTypeError, "n_stages"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
@@ -105,31 +105,31 @@ def test_bad_input(call, error, word):
 
 
 def test_bubble_rows_agree_with_closed_form():
-    rows = sch.bubble_rows(4, [1, 3, 8])
+    rows = schedules.bubble_rows(4, [1, 3, 8])
     assert [r["steps"] for r in rows] == [8, 12, 22]
     assert all(r["bubble (counted)"] == r["(S-1)/(M+S-1)"] for r in rows)
-    assert len(sch.plot_bubble([2], max_microbatches=3).axes) == 1
+    assert len(schedules.plot_bubble([2], max_microbatches=3).axes) == 1
 
 
 def test_chapter_exercises():
     # 1: eight stages need 63 microbatches for a bubble of at most 10 %
-    assert sch.bubble_fraction("gpipe", 8, 63) == pytest.approx(0.1)
-    assert sch.bubble_fraction("gpipe", 8, 62) > 0.1
+    assert schedules.bubble_fraction("gpipe", 8, 63) == pytest.approx(0.1)
+    assert schedules.bubble_fraction("gpipe", 8, 62) > 0.1
     # 2: with M <= S, 1F1B holds every microbatch, like GPipe
-    assert sch.build_schedule("1f1b", 4, 2).peak_in_flight().max() == 2
-    assert sch.build_schedule("gpipe", 4, 2).peak_in_flight().max() == 2
+    assert schedules.build_schedule("1f1b", 4, 2).peak_in_flight().max() == 2
+    assert schedules.build_schedule("gpipe", 4, 2).peak_in_flight().max() == 2
 
 
 def test_in_flight_rows_match_the_chapter():
-    assert sch.in_flight_rows(4, 8) == [
+    assert schedules.in_flight_rows(4, 8) == [
         {"stage": 0, "gpipe": 8, "1f1b": 4}, {"stage": 1, "gpipe": 8, "1f1b": 4},
         {"stage": 2, "gpipe": 8, "1f1b": 3}, {"stage": 3, "gpipe": 8, "1f1b": 2}]
 
 
-@pytest.mark.parametrize("name", sch.SCHEDULES)
+@pytest.mark.parametrize("name", schedules.SCHEDULES)
 def test_chapter_exercise_on_messages(name):
     # 3: two ppermutes per step, 2 (M + S - 1) steps; (S - 1) M useful messages each way
-    plan = sch.build_schedule(name, 4, 8)
+    plan = schedules.build_schedule(name, 4, 8)
     tables = plan.tables()
     assert 2 * plan.n_steps == 44
     assert int((tables["recv_f"] >= 0).sum()) == int((tables["recv_b"] >= 0).sum()) == 24
@@ -137,6 +137,6 @@ def test_chapter_exercise_on_messages(name):
 
 
 def test_schedule_figure_shows_as_svg_with_its_alt_text():
-    fig = sch.draw_schedule(sch.build_schedule("1f1b", 2, 3))
+    fig = schedules.draw_schedule(schedules.build_schedule("1f1b", 2, 3))
     shown = show_figure(fig, alt='a "grid"')._repr_html_()
     assert "image/svg+xml" in shown and "alt='a &quot;grid&quot;'" in shown

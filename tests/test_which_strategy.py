@@ -7,7 +7,7 @@ from helpers import DEVICES
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from spmd_guide import which_strategy as ws
+from spmd_guide import which_strategy
 from spmd_guide.checks import InputError, InputTypeError
 
 GIB = 2**30
@@ -22,7 +22,7 @@ GIB = 2**30
     (400 * 10**9, 256, "none", {}),                         # 1.6 TB: 200 GB per device
 ])
 def test_recommend(params, batch, answer, mesh):
-    rec = ws.recommend(params, 80 * GIB, batch=batch, n_devices=8)
+    rec = which_strategy.recommend(params, 80 * GIB, batch=batch, n_devices=8)
     assert rec.answer == answer and rec.mesh == mesh
     assert rec.state_bytes == 4 * params  # params + grads + AdamW's mu and nu
     words = " ".join(rec.explain().split())
@@ -34,18 +34,18 @@ def test_recommend(params, batch, answer, mesh):
 
 
 def test_page_exercise():
-    rec = ws.recommend(12 * 10**9, 16 * GIB, batch=32, n_devices=8)
+    rec = which_strategy.recommend(12 * 10**9, 16 * GIB, batch=32, n_devices=8)
     assert rec.answer == "FSDP" and rec.mesh == {"data": 8} and rec.batch_per_device == 4
     assert rec.state_bytes > rec.budget_bytes >= rec.state_bytes_per_device
 
 
 def test_budget_and_optimizer_slots_move_the_line():
     # 12 GB of params with plain SGD (2x) fits 40 GiB; with AdamW (4x) it does not.
-    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8, optimizer_slots=0).answer == "DP"
-    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8).answer == "FSDP"
-    assert ws.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8,
+    assert which_strategy.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8, optimizer_slots=0).answer == "DP"
+    assert which_strategy.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8).answer == "FSDP"
+    assert which_strategy.recommend(12 * 10**9, 80 * GIB, batch=64, n_devices=8,
                         memory_fraction=1.0, optimizer_slots=1).answer == "DP"
-    assert ws.recommend(10**9, 80 * GIB, batch=64, n_devices=8,
+    assert which_strategy.recommend(10**9, 80 * GIB, batch=64, n_devices=8,
                         min_batch_per_device=16).mesh == {"data": 4, "model": 2}
 
 
@@ -53,33 +53,33 @@ def test_budget_and_optimizer_slots_move_the_line():
 @given(n=hs.sampled_from([1, 2, 4, 8, 16]), batch=hs.integers(1, 512),
        params=hs.integers(1, 10**12))
 def test_recommend_is_consistent(n, batch, params):
-    rec = ws.recommend(params, 80 * GIB, batch=batch, n_devices=n)
+    rec = which_strategy.recommend(params, 80 * GIB, batch=batch, n_devices=n)
     if rec.answer != "none":
         assert rec.mesh["data"] * rec.mesh.get("model", 1) == n
         assert batch % rec.mesh["data"] == 0
         assert rec.state_bytes_per_device <= rec.budget_bytes
-    html = ws.flowchart_html(rec)
-    assert ws.ANSWERS[rec.answer][0] in html and html.count("&#9654;") == len(rec.path) + 1
+    html = which_strategy.flowchart_html(rec)
+    assert which_strategy.ANSWERS[rec.answer][0] in html and html.count("&#9654;") == len(rec.path) + 1
 
 
 def test_flowchart_marks_the_path():
-    plain = ws.flowchart_html()
-    assert all(q in plain for q in ws.QUESTIONS.values()) and "&#9654;" not in plain
-    rec = ws.recommend(40 * 10**9, 80 * GIB, batch=2, n_devices=8)
-    marked = ws.flowchart_html(rec)
+    plain = which_strategy.flowchart_html()
+    assert all(q in plain for q in which_strategy.QUESTIONS.values()) and "&#9654;" not in plain
+    rec = which_strategy.recommend(40 * 10**9, 80 * GIB, batch=2, n_devices=8)
+    marked = which_strategy.flowchart_html(rec)
     assert "<b>no &rarr; go to 2</b>" in marked and "<b>no &rarr; 2-D: FSDP x tensor" in marked
 
 
 def test_data_axis_size():
-    assert ws.data_axis_size(12, 8) == 4 and ws.data_axis_size(3, 8) == 1
-    assert ws.data_axis_size(64, 8, min_batch_per_device=16) == 4
+    assert which_strategy.data_axis_size(12, 8) == 4 and which_strategy.data_axis_size(3, 8) == 1
+    assert which_strategy.data_axis_size(64, 8, min_batch_per_device=16) == 4
 
 
 def test_measured_traffic():
     sizes, devices = [8, 8], DEVICES[:4]
-    rows = ws.measure_traffic(["dp", "tp"], layer_sizes=sizes, batch_sizes=[8, 32],
+    rows = which_strategy.measure_traffic(["dp", "tp"], layer_sizes=sizes, batch_sizes=[8, 32],
                               devices=devices)
-    rows += ws.measure_traffic(["fsdp"], layer_sizes=sizes, batch_sizes=[8], devices=devices)
+    rows += which_strategy.measure_traffic(["fsdp"], layer_sizes=sizes, batch_sizes=[8], devices=devices)
     by = {(r.strategy, r.batch): r for r in rows}
     total = 4 * (8 * 8 + 8)
     # DP: one all-reduce of every gradient, 2 (n-1)/n of the parameter bytes, whatever the batch
@@ -96,17 +96,17 @@ def test_measured_traffic():
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
-    (lambda: ws.recommend(0, GIB, batch=1, n_devices=1), InputError, "param_bytes"),
-    (lambda: ws.recommend(1, GIB, batch=1, n_devices=0), InputError, "n_devices"),
-    (lambda: ws.recommend(1, GIB, batch=1.5, n_devices=2), InputTypeError, "batch"),
-    (lambda: ws.recommend(1, GIB, batch=1, n_devices=2, memory_fraction=1.5), InputError,
+    (lambda: which_strategy.recommend(0, GIB, batch=1, n_devices=1), InputError, "param_bytes"),
+    (lambda: which_strategy.recommend(1, GIB, batch=1, n_devices=0), InputError, "n_devices"),
+    (lambda: which_strategy.recommend(1, GIB, batch=1.5, n_devices=2), InputTypeError, "batch"),
+    (lambda: which_strategy.recommend(1, GIB, batch=1, n_devices=2, memory_fraction=1.5), InputError,
      "memory_fraction"),
-    (lambda: ws.recommend(1, GIB, batch=1, n_devices=2, optimizer_slots=-1), InputError,
+    (lambda: which_strategy.recommend(1, GIB, batch=1, n_devices=2, optimizer_slots=-1), InputError,
      "optimizer_slots"),
-    (lambda: ws.flowchart_html("DP"), InputTypeError, "Recommendation"),
-    (lambda: ws.measure_traffic(["zero"], layer_sizes=[8, 8], batch_sizes=[8]), InputError,
+    (lambda: which_strategy.flowchart_html("DP"), InputTypeError, "Recommendation"),
+    (lambda: which_strategy.measure_traffic(["zero"], layer_sizes=[8, 8], batch_sizes=[8]), InputError,
      "strategy"),
-    (lambda: ws.measure_traffic(["dp"], layer_sizes=[8, 8], batch_sizes=[0]), InputError,
+    (lambda: which_strategy.measure_traffic(["dp"], layer_sizes=[8, 8], batch_sizes=[0]), InputError,
      "batch_sizes"),
 ])
 def test_bad_input(call, error, word):

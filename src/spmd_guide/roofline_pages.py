@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spmd_guide import checks, nn
-from spmd_guide import roofline as rf
+from spmd_guide import checks, nn, roofline
 
 #: The MLP the page prices: widths of a transformer-sized feed-forward stack, and its batch.
 MLP_SIZES = (4096, 16384, 16384, 4096)
@@ -36,7 +35,7 @@ def _abstract_like(tree: Any, shapes: Any) -> Any:
 
 def strategy_counts(name: str, *, layer_sizes: Sequence[int] = MLP_SIZES,
                     batch: int = MLP_BATCH,
-                    devices: Sequence[jax.Device] | None = None) -> rf.Counts:
+                    devices: Sequence[jax.Device] | None = None) -> roofline.Counts:
     """Per-device counts of one training step (loss and gradient) of strategy ``name`` on an
     MLP of ``layer_sizes`` and a batch of ``batch`` examples (float32), compiled, not run."""
     checks.one_of("strategy", name, nn.STRATEGIES)
@@ -48,7 +47,7 @@ def strategy_counts(name: str, *, layer_sizes: Sequence[int] = MLP_SIZES,
 
 @functools.cache
 def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
-                     devices: tuple[jax.Device, ...]) -> rf.Counts:
+                     devices: tuple[jax.Device, ...]) -> roofline.Counts:
     strategy = nn.STRATEGIES[name]
     mesh = strategy.mesh(list(devices))
     n = math.prod(mesh.devices.shape)
@@ -60,20 +59,20 @@ def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
     big_params = _abstract_like(params, shapes)
     big_batch = _abstract_like(tiny, ((batch, sizes[0]), (batch, sizes[-1])))
     step = jax.jit(jax.value_and_grad(strategy.loss(mesh)))
-    return rf.counts(step, big_params, big_batch)
+    return roofline.counts(step, big_params, big_batch)
 
 
 @dataclass(frozen=True)
 class Prediction:
     strategy: str
     chip: str
-    estimate: rf.Estimate
+    estimate: roofline.Estimate
 
 
-def predict_strategies(counts_by_name: dict[str, rf.Counts],
-                       chips: Sequence[str] = tuple(rf.CHIPS)) -> list[Prediction]:
+def predict_strategies(counts_by_name: dict[str, roofline.Counts],
+                       chips: Sequence[str] = tuple(roofline.CHIPS)) -> list[Prediction]:
     """Each strategy's counts priced on each chip, bytes as bfloat16 (``byte_scale=0.5``)."""
-    return [Prediction(name, chip, rf.estimate(work, chip, byte_scale=0.5))
+    return [Prediction(name, chip, roofline.estimate(work, chip, byte_scale=0.5))
             for name, work in counts_by_name.items() for chip in chips]
 
 
@@ -130,18 +129,18 @@ def _finish(ax: Any) -> None:
     ax.yaxis.label.set_fontsize(11)
 
 
-def plot_rooflines(points: dict[str, rf.Estimate | tuple[float, float]],
-                   chips: Sequence[str] = tuple(rf.CHIPS)) -> Any:
+def plot_rooflines(points: dict[str, roofline.Estimate | tuple[float, float]],
+                   chips: Sequence[str] = tuple(roofline.CHIPS)) -> Any:
     """Log-log rooflines (attainable FLOP/s against FLOPs per HBM byte) of ``chips``, with
     ``points`` (label -> an Estimate or (intensity, FLOPs)) marked at their intensity."""
     fig, ax = _axes()
     x = np.logspace(-2, 4, 200)
     for i, key in enumerate(chips):
-        chip = rf.get_chip(key)
+        chip = roofline.get_chip(key)
         ax.plot(x, np.minimum(chip.peak_flops_bf16, x * chip.hbm_bandwidth), color=f"C{i}",
                 label=key, lw=1.6)
     for label, point in points.items():
-        intensity = point.intensity if isinstance(point, rf.Estimate) else point[0]
+        intensity = point.intensity if isinstance(point, roofline.Estimate) else point[0]
         ax.axvline(intensity, color="0.3", ls=":", lw=1)
         ax.text(intensity * 1.12, 1.3e11, label, fontsize=11, color="0.15", rotation=90,
                 va="bottom")
@@ -206,33 +205,33 @@ class Problem:
 
 
 def _src(key: str) -> str:
-    chip = rf.CHIPS[key]
+    chip = roofline.CHIPS[key]
     return f"{chip.name}: {chip.source}"
 
 
 def problems() -> list[Problem]:
     """The worked problems of the Part, every number computed from the chips file."""
-    h100, v5e, v5p, h200 = (rf.CHIPS[k] for k in ("h100-sxm", "tpu-v5e", "tpu-v5p", "h200"))
+    h100, v5e, v5p, h200 = (roofline.CHIPS[k] for k in ("h100-sxm", "tpu-v5e", "tpu-v5p", "h200"))
     out = []
     out.append(Problem(
         "ridge", "What arithmetic intensity must a bf16 program reach to be compute-bound on "
         "an H100 SXM?",
         f"peak / HBM bandwidth = {h100.peak_flops_bf16:.3g} / {h100.hbm_bandwidth:.3g} = "
         f"{h100.ridge:.0f} FLOPs per byte.", h100.ridge))
-    b = rf.critical_batch("tpu-v5e", d=8192, f=32768)
+    b = roofline.critical_batch("tpu-v5e", d=8192, f=32768)
     out.append(Problem(
         "matmul_batch", "On a TPU v5e, from what batch B is the bf16 matmul "
         "x[B, 8192] @ W[8192, 32768] compute-bound?",
         f"Solve 2*B*8192*32768 / (2*(8192*B + 8192*32768 + 32768*B)) = {v5e.ridge:.0f} "
         f"(the v5e ridge): B = {b:.0f}, a little above the wide-weight limit "
-        f"{rf.critical_batch('tpu-v5e'):.0f}.", b))
-    dp = rf.dp_critical_batch("h100-sxm", n=8)
+        f"{roofline.critical_batch('tpu-v5e'):.0f}.", b))
+    dp = roofline.dp_critical_batch("h100-sxm", n=8)
     out.append(Problem(
         "dp_nvlink", "Data parallelism over the 8 H100s of one node (bf16 gradients): from how "
         "many examples per GPU does the gradient all-reduce hide behind the backward pass?",
         f"Backward: 4*B*P FLOPs; all-reduce: 2*(7/8)*2*P bytes. Equal at B = 2*(7/8)*"
         f"{h100.peak_flops_bf16:.3g} / (2*{h100.interconnect_bandwidth:.3g}) = {dp:.0f}.", dp))
-    dpn = rf.dp_critical_batch("h100-sxm", link="network")
+    dpn = roofline.dp_critical_batch("h100-sxm", link="network")
     out.append(Problem(
         "dp_network", "The same all-reduce across many H100 nodes over InfiniBand "
         f"({h100.network_bandwidth / 1e9:g} GB/s per GPU): from how many examples per GPU?",
@@ -253,13 +252,13 @@ def problems() -> list[Problem]:
         "compute-bound step time at peak FLOP/s?",
         f"6 * 7e9 * 1e6 FLOPs / (256 * {v5p.peak_flops_bf16:.3g} FLOP/s) = {step:.3f} s; "
         "a real step runs at a fraction of peak (its MFU).", step))
-    ways = rf.tp_max_ways("tpu-v5p", 28672)
+    ways = roofline.tp_max_ways("tpu-v5p", 28672)
     out.append(Problem(
         "tp_ways", "Over how many TPU v5p chips (one torus axis) can a bf16 weight with 28672 "
         "output columns be split before the all-gather of its input outlasts the matmul?",
         f"Compute-bound while 28672 >= (n-1) * {v5p.comm_ridge:.0f} (2 bytes x FLOP/s over link bandwidth / 2), "
         f"i.e. n <= {ways}.", ways))
-    gather = rf.ring_time(8192 * 28672 * 2, 8, "h100-sxm")
+    gather = roofline.ring_time(8192 * 28672 * 2, 8, "h100-sxm")
     out.append(Problem(
         "allgather", "How long does all-gathering a bf16[8192, 28672] weight over 8 H100s "
         "take at NVLink's published bandwidth?",
@@ -282,9 +281,9 @@ def problems() -> list[Problem]:
 
 def intensity_exercises() -> list[Problem]:
     """The exercises closing the rooflines chapter (arithmetic intensity, critical batch)."""
-    f32 = rf.matmul_intensity(256, 4096, 4096, bytes_per_element=4)
-    bf16 = rf.matmul_intensity(256, 4096, 4096)
-    b200 = rf.CHIPS["b200"]
+    f32 = roofline.matmul_intensity(256, 4096, 4096, bytes_per_element=4)
+    bf16 = roofline.matmul_intensity(256, 4096, 4096)
+    b200 = roofline.CHIPS["b200"]
     return [
         Problem("f32_intensity", "What is the arithmetic intensity of x[256, 4096] @ "
                 "W[4096, 4096] in float32, and in bfloat16?",
@@ -294,6 +293,6 @@ def intensity_exercises() -> list[Problem]:
         Problem("b200_batch", "From what batch is a bf16 matmul with a wide weight "
                 "compute-bound on a B200, and why is that close to an H100's?",
                 f"B* = ridge = {b200.peak_flops_bf16:.3g} / {b200.hbm_bandwidth:.3g} = "
-                f"{b200.ridge:.0f} (H100 SXM: {rf.CHIPS['h100-sxm'].ridge:.0f}): FLOP/s and "
+                f"{b200.ridge:.0f} (H100 SXM: {roofline.CHIPS['h100-sxm'].ridge:.0f}): FLOP/s and "
                 "HBM bandwidth grew by similar factors.", b200.ridge),
     ]
