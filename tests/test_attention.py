@@ -63,3 +63,7 @@ def test_mismatched_and_wrong_axis():
     with pytest.raises(ValueError, match="axis"):
         ring_attention(x, x, x, mesh_of(2, ("seq",)), "model", causal=True)
     assert len(DEVICES) == 8
+
+
+def test_exercise_answer():
+    assert int((attention.causal_work(64, 8, "contiguous")[2] > 0).sum()) == 3

@@ -115,3 +115,33 @@ def test_predicted_parameter_bytes_match_held_bytes():
     pred = transformer.predicted_bytes(strategy, mesh, CONFIG, params, BATCH)
     assert pred["parameters"] == transformer._bytes_per_device(sp)
     assert pred["parameters"] < lm.param_count(params) * 4 / 4
+
+
+def test_exercise_answers():
+    params = init_params(jax.random.key(0), CONFIG)
+    whole = [name for name, s in STRATEGIES.items()
+             if all(spec == jax.P() or set(spec) == {None}
+                    for spec in jax.tree.leaves(s.param_specs(params, s.mesh(DEVICES))))]
+    assert whole == ["dp", "cp", "cp_zigzag"]
+    big = init_params(jax.random.key(0), Config(d_model=32))
+    specs = STRATEGIES["fsdp"].param_specs(big, STRATEGIES["fsdp"].mesh(DEVICES))
+    assert specs["blocks"][0]["norm1"] == jax.P("data")
+
+
+def test_exercise_answers_tp():
+    config = Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=16)
+    params = init_params(jax.random.key(0), config)
+    s = STRATEGIES["tp"]
+    pred = transformer.predicted_comm_bytes(s, s.mesh(DEVICES), config, params, 8)
+    assert pred["total"] == 229_376
+
+
+def test_exercise_answers_memory():
+    params = init_params(jax.random.key(0), CONFIG)
+    s = STRATEGIES["fsdp"]
+    mesh = s.mesh(DEVICES)
+    pred = transformer.predicted_bytes(s, mesh, CONFIG, params, BATCH)
+    n = lm.param_count(params)
+    assert pred["optimizer state"] == 2 * pred["parameters"]
+    # every leaf of this config splits over 8 devices, so 1 byte of state per parameter
+    assert pred["optimizer state"] == n * 8 // 8

@@ -182,3 +182,25 @@ def ring_schedule(n: int) -> np.ndarray:
     """``[n devices, n steps]``: which K/V block each device holds at each step."""
     n = checks.count("n", n)
     return np.array([[(i - s) % n for s in range(n)] for i in range(n)])
+
+
+def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
+    """A figure: rows are devices, columns ring steps; each cell names the K/V block the
+    device holds and is shaded by the share of that block's scores the causal mask keeps."""
+    import matplotlib.pyplot as plt
+
+    work = causal_work(seq, n, layout)
+    full = (seq // n) ** 2
+    held = ring_schedule(n)
+    fig, ax = plt.subplots(figsize=(0.75 * n + 1.6, 0.5 * n + 1.0), dpi=110)
+    ax.imshow(work / full, cmap="Blues", vmin=-0.15, vmax=1.3, aspect="auto")
+    for i in range(n):
+        for s in range(n):
+            ax.text(s, i, f"KV{held[i, s]}", ha="center", va="center", fontsize=11,
+                    color="black")
+    ax.set_xticks(range(n), [str(s) for s in range(n)], fontsize=11)
+    ax.set_yticks(range(n), [f"dev {i}" for i in range(n)], fontsize=11)
+    ax.set_xlabel("ring step", fontsize=11)
+    ax.set_title(f"{layout}: K/V block held (shade = causal work)", fontsize=11)
+    fig.tight_layout()
+    return fig

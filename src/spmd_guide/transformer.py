@@ -279,3 +279,111 @@ def measured_bytes(trainer: Trainer, params: Params, state: Any, tokens: jax.Arr
     return {"parameters": _bytes_per_device(params), "optimizer state": _bytes_per_device(state),
             "arguments": mem.argument_bytes, "temporaries": mem.temp_bytes,
             "peak": mem.peak_bytes}
+
+
+# --------------------------------------------------------------------------- page helpers
+
+
+def _spec_text(spec: P) -> str:
+    return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
+
+
+def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
+                   tokens: jax.Array) -> dict[str, Any]:
+    """Compile the strategy's loss-and-gradient once; compare with ``lm_loss`` on one device
+    and read its collectives. One row of the pages' tables."""
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(
+        lambda p, t: lm_loss(p, t, config=config)))(params, tokens)
+    sp, st = strategy.shard(params, tokens, mesh)
+    p_sh = strategy.shardings(params, mesh)
+    fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
+                 out_shardings=(NamedSharding(mesh, P()), p_sh))
+    compiled = hlo.compile(fn, sp, st)
+    loss, grads = compiled(sp, st)
+    ops = hlo.collectives_in_text(compiled.as_text())
+    kinds = {}
+    for op in ops:
+        kinds[op.kind] = kinds.get(op.kind, 0) + 1
+    same = all(g.sharding.is_equivalent_to(p.sharding, g.ndim)
+               for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(sp), strict=True))
+    grad_err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r))))
+                   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads),
+                                   strict=True))
+    return {"strategy": strategy.name,
+            "mesh": " x ".join(f"{k}={v}" for k, v in mesh.shape.items()),
+            "|loss - ref|": f"{abs(float(loss) - float(ref_loss)):.1e}",
+            "max |grad - ref|": f"{grad_err:.1e}",
+            "grads in param layout": same,
+            "collectives": ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "none",
+            "bytes sent": sum(op.bytes_sent for op in ops)}
+
+
+def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
+    """Rows: one per parameter of the first block and the embeddings, one column per
+    strategy giving that parameter's ``PartitionSpec``."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    specs = {name: jax.tree.leaves(STRATEGIES[name].param_specs(params, mesh))
+             for name, mesh in meshes.items()}
+    rows = []
+    for i, (path, _) in enumerate(leaves):
+        key = jax.tree_util.keystr(path)
+        if "[1]" in key or any(f"[{j}]" in key for j in range(2, 64)):
+            continue  # later blocks repeat block 0
+        rows.append({"parameter": key.replace("['blocks'][0]", "block")
+                     .replace("['", "").replace("']", "")}
+                    | {name: _spec_text(s[i]) for name, s in specs.items()})
+    return rows
+
+
+def predicted_comm_bytes(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
+                         batch: int) -> dict[str, int]:
+    """Bytes one device sends in a forward + backward pass, by the textbook formula (ring
+    model), split into parameter/gradient traffic and activation traffic.
+
+    ``P`` = parameter bytes, ``A = batch * seq_len * d_model * 4`` the residual stream,
+    ``L`` layers. dp: all-reduce grads, ``2 (n-1)/n P``. fsdp: all-gather params once and
+    reduce-scatter grads, ``2 (n-1)/n P``. tp and tp_sp: four all-reduces (or all-gather +
+    reduce-scatter pairs, the same bytes) of ``A`` per layer, ``4 L 2 (m-1)/m A``. cp:
+    ``n - 1`` sends of the local K and V blocks per layer forward and as many of their
+    gradients backward, ``4 L (n-1) A / n``, plus the dp all-reduce of the grads. fsdp_tp:
+    the fsdp term on ``P / m`` and the tp term on ``A / d``.
+    """
+    size = dict(mesh.shape)
+    p = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    a = batch * config.seq_len * config.d_model * 4
+    d = size.get("data", 1)
+    m = size.get("model", 1)
+    s = size.get("seq", 1)
+    grads = 2 * (d - 1) * p // d if strategy.fsdp or "data" in strategy.axes else 0
+    if strategy.tensor:
+        grads //= m
+        acts = 4 * config.n_layers * 2 * (m - 1) * (a // d) // m
+    elif strategy.ring:
+        grads = 2 * (s - 1) * p // s
+        acts = 4 * config.n_layers * (s - 1) * a // s
+    else:
+        acts = 0
+    return {"parameters and gradients": grads, "activations": acts, "total": grads + acts}
+
+
+def memory_row(strategy: Strategy, devices: Sequence[jax.Device], config: Config,
+               params: Params, tokens: jax.Array) -> dict[str, Any]:
+    """Predicted and measured bytes per device of one donated AdamW training step."""
+    mesh = strategy.mesh(devices)
+    sp, st = strategy.shard(params, tokens, mesh)
+    trainer = train_step(strategy, mesh, config, sp, optimizer=optax.adamw(1e-3))
+    state = jax.eval_shape(trainer.init, sp)
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                         state, trainer.state_shardings)
+    mem = hlo.memory_per_device(trainer.step, sp, state, st)
+    pred = predicted_bytes(strategy, mesh, config, params, tokens.shape[0])
+    held = _bytes_per_device(sp)
+    opt = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
+              for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.state_shardings),
+                              strict=True))
+    return {"strategy": strategy.name, "devices": len(devices),
+            "params": held, "params (formula)": pred["parameters"],
+            "opt state": opt, "opt state (formula)": pred["optimizer state"],
+            "grads + activations (formula)": pred["gradients"] + pred["activations"],
+            "temporaries (measured)": mem.temp_bytes,
+            "arguments (measured)": mem.argument_bytes}
