@@ -173,15 +173,14 @@ def train_one_device(key: jax.Array, config: Config, *, steps: int, batch: int,
     opt = optimizer(learning_rate)
     state = opt.init(params)
 
-    @jax.jit
-    def step(params, state, key):
+    def step(carry, key):
+        params, state = carry
         tokens = counting_task(key, batch=batch, config=config)
         loss, grads = jax.value_and_grad(lm_loss)(params, tokens, config=config)
         updates, state = opt.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
+        return (optax.apply_updates(params, updates), state), loss
 
-    losses = []
-    for k in jax.random.split(dkey, steps):
-        params, state, loss = step(params, state, k)
-        losses.append(loss)
+    # One compiled program for the whole run (a scan over steps): no per-step dispatch.
+    train = jax.jit(lambda params, state, keys: jax.lax.scan(step, (params, state), keys))
+    _, losses = train(params, state, jax.random.split(dkey, steps))
     return [float(x) for x in jax.device_get(losses)]

@@ -16,6 +16,7 @@ ring attention, written with ``jax.shard_map`` in :mod:`spmd_guide.attention`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,15 @@ from jax.sharding import PartitionSpec as P
 from spmd_guide import checks, hlo
 from spmd_guide.attention import layout_positions, ring_attention_in_layout
 from spmd_guide.devices import build_mesh
-from spmd_guide.lm import Config, Params, check_tokens, cross_entropy, forward, init_params, lm_loss
+from spmd_guide.lm import (
+    Config,
+    Params,
+    check_tokens,
+    cross_entropy,
+    forward,
+    init_params,
+    lm_loss,
+)
 
 __all__ = ["Config", "init_params", "lm_loss", "STRATEGIES", "Strategy", "train_step"]
 
@@ -288,12 +297,17 @@ def _spec_text(spec: P) -> str:
     return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
 
 
+@functools.cache
+def _reference_grad(config: Config) -> Callable[..., Any]:
+    """``lm_loss`` and its gradient, jitted once per config (so pages compile it once)."""
+    return jax.jit(jax.value_and_grad(functools.partial(lm_loss, config=config)))
+
+
 def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
                    tokens: jax.Array) -> dict[str, Any]:
     """Compile the strategy's loss-and-gradient once; compare with ``lm_loss`` on one device
     and read its collectives. One row of the pages' tables."""
-    ref_loss, ref_grads = jax.jit(jax.value_and_grad(
-        lambda p, t: lm_loss(p, t, config=config)))(params, tokens)
+    ref_loss, ref_grads = _reference_grad(config)(params, tokens)
     sp, st = strategy.shard(params, tokens, mesh)
     p_sh = strategy.shardings(params, mesh)
     fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
