@@ -31,6 +31,10 @@ CASES = [("dp", 2), ("fsdp", 4), ("tp", 8), ("tp_sp", 4), ("cp", 8), ("cp_zigzag
          ("fsdp_tp", 8)]
 
 
+# The training step (its compile is the test's main cost) on the layouts that differ most.
+STEP_CASES = ("fsdp", "tp_sp", "cp_zigzag", "fsdp_tp")
+
+
 @pytest.mark.parametrize(("name", "n"), CASES)
 def test_loss_and_grads_equal_reference_and_keep_layouts(name, n):
     params, tokens, ref_loss, ref_grads = reference()
@@ -45,13 +49,15 @@ def test_loss_and_grads_equal_reference_and_keep_layouts(name, n):
                        jax.tree.leaves(sp), strict=True):
         np.testing.assert_allclose(g, r, rtol=2e-4, atol=2e-6)
         assert g.sharding.is_equivalent_to(p.sharding, g.ndim)
+    if name not in STEP_CASES:
+        return
     state = trainer.init(sp)
     shardings = [x.sharding for x in jax.tree.leaves((sp, state))]
     new_p, new_s, _ = trainer.step(sp, state, st)
     new_p, new_s, loss2 = trainer.step(new_p, new_s, st)
     for x, s in zip(jax.tree.leaves((new_p, new_s)), shardings, strict=True):
         assert x.sharding.is_equivalent_to(s, x.ndim)
-    assert float(loss2) < float(ref_loss)
+    assert float(loss2) < float(ref_loss)  # two steps on the same batch lower its loss
 
 
 def test_fsdp_shards_optimizer_state_like_params():
