@@ -196,8 +196,9 @@ def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
     ax.imshow(work / full, cmap="Blues", vmin=-0.15, vmax=1.3, aspect="auto")
     for i in range(n):
         for s in range(n):
+            dark = work[i, s] / full > 0.6
             ax.text(s, i, f"KV{held[i, s]}", ha="center", va="center", fontsize=11,
-                    color="black")
+                    color="white" if dark else "black")
     ax.set_xticks(range(n), [str(s) for s in range(n)], fontsize=11)
     ax.set_yticks(range(n), [f"dev {i}" for i in range(n)], fontsize=11)
     ax.set_xlabel("ring step", fontsize=11)
