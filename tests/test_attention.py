@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from spmd_guide import attention
 from spmd_guide.attention import reference_attention, ring_attention
 
-
 _reference = jax.jit(reference_attention, static_argnames="causal")
 
 
