@@ -1,0 +1,207 @@
+"""Attention on one device and ring attention over a sequence-sharded mesh axis.
+
+``reference_attention`` is the textbook formula. ``ring_attention`` computes the same thing
+with the sequence split over the devices of one mesh axis (context parallelism): each device
+keeps its block of queries and passes its block of keys and values round the ring with
+``ppermute``; after ``n`` steps every query block has met every key block, and an *online
+softmax* (running max and running sum) combines the partial results without ever holding the
+whole ``seq x seq`` score matrix.
+
+With a causal mask the work is uneven: in the contiguous layout device 0 needs only its own
+block while the last device needs all of them. The *zig-zag* layout cuts the sequence into
+``2n`` chunks and gives device ``i`` chunks ``i`` and ``2n - 1 - i``, so every device holds one
+early and one late chunk and does the same useful work (``causal_work`` counts it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import checks
+
+LAYOUTS = ("contiguous", "zigzag")
+_NEG = -1e30  # a finite "minus infinity", so fully masked rows give 0, never NaN
+
+
+def _check_qkv(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
+    q, k, v = (jnp.asarray(checks.array(name, x, ndim=4, dtype_kind="f"))
+               for name, x in (("q", q), ("k", k), ("v", v)))
+    checks.same_shape("k", k, q.shape, other="q")
+    checks.same_shape("v", v, q.shape, other="q")
+    return q, k, v
+
+
+def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool) -> jax.Array:
+    """softmax(q k^T / sqrt(head_dim)) v, masked to earlier-or-equal positions if ``causal``.
+
+    q, k, v: ``[batch, seq, heads, head_dim]``; the result has the shape of q.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    causal = checks.flag("causal", causal)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        seq = q.shape[1]
+        mask = jnp.arange(seq)[:, None] >= jnp.arange(seq)[None, :]
+        scores = jnp.where(mask, scores, _NEG)
+    weights = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def layout_positions(seq: int, n: int, layout: str) -> np.ndarray:
+    """``[n, seq // n]``: the global positions device ``i`` holds in ``layout``."""
+    checks.one_of("layout", layout, LAYOUTS)
+    if layout == "contiguous":
+        return np.arange(seq).reshape(n, seq // n)
+    chunks = np.arange(seq).reshape(2 * n, seq // (2 * n))
+    return np.stack([np.concatenate([chunks[i], chunks[2 * n - 1 - i]]) for i in range(n)])
+
+
+def check_ring(seq: int, n: int, layout: str) -> None:
+    """Refuse a sequence length the ring cannot split evenly (``ValueError``)."""
+    checks.one_of("layout", layout, LAYOUTS)
+    parts = n if layout == "contiguous" else 2 * n
+    checks.divisible("sequence length (dimension 1 of q)", seq, parts,
+                     why=f"for the {layout} layout over a ring of {n} devices")
+
+
+def _block(q, k, v, q_pos, k_pos, causal, carry):
+    """One online-softmax update of (running max, running sum, running output)."""
+    m, l, o = carry
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        s = jnp.where(q_pos[:, None] >= k_pos[None, :], s, _NEG)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.exp(s - m_new[..., None])
+    if causal:
+        p = jnp.where(q_pos[:, None] >= k_pos[None, :], p, 0.0)
+    scale = jnp.exp(m - m_new)
+    l_new = l * scale + p.sum(-1)
+    o_new = o * scale.transpose(0, 2, 1)[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, v)
+    return m_new, l_new, o_new
+
+
+def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causal: bool):
+    """The per-device program (call inside ``shard_map``): local q, k, v blocks.
+
+    ``positions`` is the ``[n, block]`` table of :func:`layout_positions`; the K/V block a
+    device holds after ``s`` steps came from device ``(i - s) mod n``.
+    """
+    n = jax.lax.axis_size(axis_name)
+    i = jax.lax.axis_index(axis_name)
+    b, t, h, _ = q.shape
+    q_pos = positions[i]
+    carry = (jnp.full((b, h, t), _NEG, q.dtype), jnp.zeros((b, h, t), q.dtype),
+             jnp.zeros_like(q))
+    perm = [(j, (j + 1) % n) for j in range(n)]
+    for step in range(n):
+        k_pos = positions[(i - step) % n]
+        carry = _block(q, k, v, q_pos, k_pos, causal, carry)
+        if step < n - 1:  # pass K/V on; the last block needs no send
+            k, v = jax.lax.ppermute((k, v), axis_name, perm)
+    _, l, o = carry
+    return o / l.transpose(0, 2, 1)[..., None]
+
+
+def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str, *,
+                   causal: bool, layout: str = "contiguous") -> jax.Array:
+    """Attention with the sequence split over ``mesh`` axis ``axis_name`` (context parallel).
+
+    Equals :func:`reference_attention`. The inputs are placed as the algorithm needs
+    (``P(None, axis_name, None, None)``); the output comes back in that layout. With
+    ``layout="zigzag"`` the sequence is reordered so that each device holds chunks ``i`` and
+    ``2n - 1 - i`` (balanced causal work) and put back in order afterwards; it needs the
+    sequence length divisible by ``2n``, the contiguous layout by ``n``. Works under ``jit``.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    causal = checks.flag("causal", causal)
+    checks.mesh("mesh", mesh)
+    n = checks.axis(mesh, axis_name)
+    seq = q.shape[1]
+    check_ring(seq, n, layout)
+    order = layout_positions(seq, n, layout).reshape(-1)
+    if layout == "zigzag":  # reorder once (a real loader would store the tokens this way)
+        q, k, v = (_take_seq(x, order, mesh) for x in (q, k, v))
+    out = ring_attention_in_layout(q, k, v, mesh, axis_name, causal=causal, layout=layout)
+    if layout == "zigzag":
+        out = _take_seq(out, np.argsort(order), mesh)
+    return _place(out, NamedSharding(mesh, P(None, axis_name, None, None)))
+
+
+def _place(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """Lay ``x`` out as ``sharding``: ``reshard`` on Explicit axes, a constraint on Auto."""
+    if any(t == AxisType.Explicit for t in sharding.mesh.axis_types):
+        return jax.sharding.reshard(x, sharding)
+    return jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _take_seq(x: jax.Array, order: np.ndarray, mesh: Mesh) -> jax.Array:
+    """Reorder dimension 1 of ``x`` (replicated first, so the gather needs no guessing)."""
+    return jnp.take(_place(x, NamedSharding(mesh, P())), order, axis=1)
+
+
+def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh,
+                             axis_name: str, *, causal: bool, layout: str) -> jax.Array:
+    """Ring attention on q, k, v whose sequence is *already* in ``layout`` order.
+
+    The model of context parallelism calls this: it puts its tokens in zig-zag order once, so
+    no activation is ever reordered. The output is in the same order, ``P(None, axis_name)``.
+    """
+    n = checks.axis(mesh, axis_name)
+    check_ring(q.shape[1], n, layout)
+    positions = layout_positions(q.shape[1], n, layout)
+    spec = P(None, axis_name, None, None)
+    sharding = NamedSharding(mesh, spec)
+    q, k, v = (_place(x, sharding) for x in (q, k, v))
+
+    def local(q, k, v):
+        return ring_attention_local(q, k, v, axis_name=axis_name,
+                                    positions=jnp.asarray(positions), causal=causal)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
+
+
+def causal_work(seq: int, n: int, layout: str) -> np.ndarray:
+    """``[n devices, n steps]``: unmasked (query, key) pairs each device scores at each step
+    of causal ring attention, per batch row and head. The row sums show the load balance."""
+    check_ring(seq, n, layout)
+    pos = layout_positions(seq, n, layout)
+    work = np.zeros((n, n), dtype=int)
+    for i in range(n):
+        for s in range(n):
+            work[i, s] = int((pos[i][:, None] >= pos[(i - s) % n][None, :]).sum())
+    return work
+
+
+def ring_schedule(n: int) -> np.ndarray:
+    """``[n devices, n steps]``: which K/V block each device holds at each step."""
+    n = checks.count("n", n)
+    return np.array([[(i - s) % n for s in range(n)] for i in range(n)])
+
+
+def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
+    """A figure: rows are devices, columns ring steps; each cell names the K/V block the
+    device holds and is shaded by the share of that block's scores the causal mask keeps."""
+    import matplotlib.pyplot as plt
+
+    work = causal_work(seq, n, layout)
+    full = (seq // n) ** 2
+    held = ring_schedule(n)
+    fig, ax = plt.subplots(figsize=(0.75 * n + 1.6, 0.5 * n + 1.0), dpi=110)
+    ax.imshow(work / full, cmap="Blues", vmin=-0.15, vmax=1.3, aspect="auto")
+    for i in range(n):
+        for s in range(n):
+            dark = work[i, s] / full > 0.6
+            ax.text(s, i, f"KV{held[i, s]}", ha="center", va="center", fontsize=11,
+                    color="white" if dark else "black")
+    ax.set_xticks(range(n), [str(s) for s in range(n)], fontsize=11)
+    ax.set_yticks(range(n), [f"dev {i}" for i in range(n)], fontsize=11)
+    ax.set_xlabel("ring step", fontsize=11)
+    ax.set_title(f"{layout}: K/V block held (shade = causal work)", fontsize=11)
+    fig.tight_layout()
+    return fig
