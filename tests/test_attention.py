@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import DEVICES, mesh_of
+from helpers import DEVICES, mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import DEVICES
+from helpers import DEVICES
 
 from spmd_guide import lm, transformer
 from spmd_guide.transformer import STRATEGIES, Config, init_params, lm_loss

@@ -72,7 +72,7 @@ def check_ring(seq: int, n: int, layout: str) -> None:
 
 def _block(q, k, v, q_pos, k_pos, causal, carry):
     """One online-softmax update of (running max, running sum, running output)."""
-    m, l, o = carry
+    m, total, o = carry
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
     if causal:
         s = jnp.where(q_pos[:, None] >= k_pos[None, :], s, _NEG)
@@ -81,9 +81,9 @@ def _block(q, k, v, q_pos, k_pos, causal, carry):
     if causal:
         p = jnp.where(q_pos[:, None] >= k_pos[None, :], p, 0.0)
     scale = jnp.exp(m - m_new)
-    l_new = l * scale + p.sum(-1)
+    total_new = total * scale + p.sum(-1)
     o_new = o * scale.transpose(0, 2, 1)[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, v)
-    return m_new, l_new, o_new
+    return m_new, total_new, o_new
 
 
 def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causal: bool):
@@ -104,8 +104,8 @@ def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causa
         carry = _block(q, k, v, q_pos, k_pos, causal, carry)
         if step < n - 1:  # pass K/V on; the last block needs no send
             k, v = jax.lax.ppermute((k, v), axis_name, perm)
-    _, l, o = carry
-    return o / l.transpose(0, 2, 1)[..., None]
+    _, total, o = carry
+    return o / total.transpose(0, 2, 1)[..., None]
 
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str, *,
