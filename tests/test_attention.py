@@ -15,6 +15,7 @@ from spmd_guide.attention import reference_attention, ring_attention
 _reference = jax.jit(reference_attention, static_argnames="causal")
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None)
 @given(n=st.sampled_from([2, 4, 8]), blocks=st.integers(1, 2), batch=st.integers(1, 2),
        heads=st.integers(1, 3), head_dim=st.sampled_from([3, 5]), causal=st.booleans(),

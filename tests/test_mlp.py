@@ -248,7 +248,8 @@ def test_traced_out_of_range_labels_give_nan_not_another_class():
     assert np.isnan(float(jax.jit(nn.cross_entropy_loss)(_P3, (_X, labels))))
 
 
-@settings(max_examples=6, deadline=None)
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)
 @given(batch=st.integers(1, 6), d_in=st.integers(1, 5), d_out=st.integers(1, 4),
        y_shape=st.sampled_from(["right", "1d", "wide", "rows"]))
 def test_mlp_loss_is_the_numpy_loss_or_a_clear_error(batch, d_in, d_out, y_shape):

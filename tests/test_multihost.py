@@ -209,6 +209,7 @@ def test_a_raising_process_stops_the_others_and_reports_its_output():
     assert_nothing_left(error.results)
 
 
+@pytest.mark.slow
 def test_a_hanging_process_is_stopped_at_the_time_limit():
     start = time.monotonic()
     with pytest.raises(ProcessTimeout) as caught:
@@ -226,6 +227,7 @@ def test_a_hanging_process_is_stopped_at_the_time_limit():
 # ------------------------------------------------------------------ one process, a script
 
 
+@pytest.mark.slow
 def test_exercise_one_process_of_eight_devices_is_fully_addressable():
     (result,) = launch(multihost_examples.describe_process, num_processes=1, devices_per_process=8,
                        timeout=120)
@@ -236,6 +238,7 @@ def test_exercise_one_process_of_eight_devices_is_fully_addressable():
     assert_nothing_left([result])
 
 
+@pytest.mark.slow
 def test_a_script_runs_as_main_with_its_args(tmp_path):
     script = tmp_path / "hello.py"
     script.write_text(

@@ -64,6 +64,7 @@ def test_data_by_stage_training_keeps_layouts(model):
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.slow
 def test_profile_counts_buffers_and_memory_gap(model):
     params, batch, _ = model
     strategy = pipeline.STRATEGIES["gpipe"]

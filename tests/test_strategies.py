@@ -51,9 +51,10 @@ def _step(name: str, k: int, model):
 
 
 CASES = [(name, 8) for name in strategies.STRATEGIES if name != "single"] + [
-    # The hand-written collectives depend on the device count: 2 and 4 devices too. (The
-    # reference itself is the "single" strategy's step, checked against NumPy in `model`.)
-    ("dp", 2), ("fsdp", 4), ("tp", 4),
+    # The hand-written collectives depend on the device count: 2 and 4 devices too (slow
+    # sweep). (The reference is the "single" strategy's step, checked against NumPy in `model`.)
+    pytest.param("dp", 2, marks=pytest.mark.slow), pytest.param("fsdp", 4, marks=pytest.mark.slow),
+    pytest.param("tp", 4, marks=pytest.mark.slow),
 ]
 
 
@@ -250,12 +251,22 @@ def _drift_cases():
         for k in (1, 2, 4, 8):
             if name in ("auto_dp_tp", "auto_2d") and k == 1:
                 continue
+            if k == 8 and name != "single":
+                continue  # 8 devices: the five-layer cases below and the chapter-size cases above
             yield name, k, (8, 16, 16, 8)
-    for name in ("auto_dp_tp", "auto_2d", "auto_fsdp"):
-        yield name, 8, (8, 24, 16, 32, 16, 8)
+    for name in strategies.STRATEGIES:
+        if name != "single":
+            yield name, 8, (8, 24, 16, 32, 16, 8)
 
 
-@pytest.mark.parametrize(("name", "k", "sizes"), list(_drift_cases()))
+def _drift_params():
+    """The 4-device cases run in the quick suite; the other device counts are ``slow``."""
+    for name, k, sizes in _drift_cases():
+        marks = () if k == 4 or name == "single" else (pytest.mark.slow,)
+        yield pytest.param(name, k, sizes, marks=marks)
+
+
+@pytest.mark.parametrize(("name", "k", "sizes"), list(_drift_params()))
 def test_gradients_and_steps_keep_every_parameter_layout(name, k, sizes):
     """The gradient of each parameter has the parameter's sharding, and three steps keep
     every sharding (and compile once)."""

@@ -35,7 +35,11 @@ CASES = [("dp", 2), ("fsdp", 4), ("tp", 8), ("tp_sp", 4), ("cp", 8), ("cp_zigzag
 STEP_CASES = ("fsdp", "tp_sp", "cp_zigzag", "fsdp_tp")
 
 
-@pytest.mark.parametrize(("name", "n"), CASES)
+QUICK = {"tp", "fsdp_tp"}  # the rest run in the slow sweep (.ci/run runs both)
+
+
+@pytest.mark.parametrize(("name", "n"), [
+    pytest.param(name, n, marks=() if name in QUICK else (pytest.mark.slow,)) for name, n in CASES])
 def test_loss_and_grads_equal_reference_and_keep_layouts(name, n):
     params, tokens, ref_loss, ref_grads = reference()
     strategy = STRATEGIES[name]
@@ -113,6 +117,7 @@ def test_counting_task_is_learnable_rule():
     assert (diffs == diffs[:, :1]).all() and set(diffs[:, 0]) <= {1, 2, 3}
 
 
+@pytest.mark.slow
 def test_predicted_parameter_bytes_match_held_bytes():
     params, tokens, *_ = reference()
     strategy = STRATEGIES["fsdp_tp"]
@@ -123,6 +128,7 @@ def test_predicted_parameter_bytes_match_held_bytes():
     assert pred["parameters"] < lm.param_count(params) * 4 / 4
 
 
+@pytest.mark.slow
 def test_exercise_answers():
     params = init_params(jax.random.key(0), CONFIG)
     whole = [name for name, s in STRATEGIES.items()
@@ -134,6 +140,7 @@ def test_exercise_answers():
     assert specs["blocks"][0]["norm1"] == jax.P("data")
 
 
+@pytest.mark.slow
 def test_exercise_answers_tp():
     config = Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=16)
     params = init_params(jax.random.key(0), config)
