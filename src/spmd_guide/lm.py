@@ -10,6 +10,7 @@ one-device reference.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,29 +54,37 @@ def init_params(key: jax.Array, config: Config) -> Params:
     key = checks.key("key", key)
     if not isinstance(config, Config):
         raise checks.InputTypeError(f"config must be a Config, got {type(config).__name__}.")
+    return _init_params(key, config)
+
+
+def _weight_shapes(c: Config) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Each random weight of a block: its shape and fan-in."""
+    qkv = ((c.d_model, c.n_heads, c.head_dim), c.d_model)
+    return {"wq": qkv, "wk": qkv, "wv": qkv, "wo": ((c.n_heads, c.head_dim, c.d_model), c.d_model),
+            "w_up": ((c.d_model, c.d_ff), c.d_model), "w_down": ((c.d_ff, c.d_model), c.d_ff)}
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _init_params(key: jax.Array, config: Config) -> Params:
+    # One compiled program and one random draw sliced into every weight: XLA:CPU compiles a
+    # random draw per weight (or an eager call per weight) many times slower.
     c, dt = config, jnp.dtype(config.dtype)
-    keys = iter(jax.random.split(key, 3 + 6 * c.n_layers))
-
-    def normal(shape, fan_in):
-        return (jax.random.normal(next(keys), shape) / math.sqrt(fan_in)).astype(dt)
-
-    blocks = [{
-        "norm1": jnp.ones((c.d_model,), dt),
-        "wq": normal((c.d_model, c.n_heads, c.head_dim), c.d_model),
-        "wk": normal((c.d_model, c.n_heads, c.head_dim), c.d_model),
-        "wv": normal((c.d_model, c.n_heads, c.head_dim), c.d_model),
-        "wo": normal((c.n_heads, c.head_dim, c.d_model), c.d_model),
-        "norm2": jnp.ones((c.d_model,), dt),
-        "w_up": normal((c.d_model, c.d_ff), c.d_model),
-        "w_down": normal((c.d_ff, c.d_model), c.d_ff),
-    } for _ in range(c.n_layers)]
-    return {
-        "embed": normal((c.vocab, c.d_model), 1),
-        "pos": normal((c.seq_len, c.d_model), 1) * 0.1,
-        "blocks": blocks,
-        "norm_f": jnp.ones((c.d_model,), dt),
-        "unembed": normal((c.d_model, c.vocab), c.d_model),
-    }
+    shapes = {"embed": ((c.vocab, c.d_model), 1), "pos": ((c.seq_len, c.d_model), 1),
+              "unembed": ((c.d_model, c.vocab), c.d_model)}
+    shapes |= {f"{i}.{name}": spec for i in range(c.n_layers)
+               for name, spec in _weight_shapes(c).items()}
+    draw = jax.random.normal(key, (sum(math.prod(s) for s, _ in shapes.values()),))
+    weights, offset = {}, 0
+    for name, (shape, fan_in) in shapes.items():
+        size = math.prod(shape)
+        weights[name] = (draw[offset:offset + size].reshape(shape) / math.sqrt(fan_in)).astype(dt)
+        offset += size
+    ones = jnp.ones((c.d_model,), dt)
+    blocks = [{"norm1": ones, **{n: weights[f"{i}.{n}"] for n in ("wq", "wk", "wv", "wo")},
+               "norm2": ones, "w_up": weights[f"{i}.w_up"], "w_down": weights[f"{i}.w_down"]}
+              for i in range(c.n_layers)]
+    return {"embed": weights["embed"], "pos": weights["pos"] * 0.1, "blocks": blocks,
+            "norm_f": ones, "unembed": weights["unembed"]}
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -146,6 +155,12 @@ def counting_task(key: jax.Array, *, batch: int, config: Config,
     """
     key = checks.key("key", key)
     batch = checks.count("batch", batch)
+    return _counting_task(key, batch, config, tuple(strides))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _counting_task(key: jax.Array, batch: int, config: Config,
+                   strides: tuple[int, ...]) -> jax.Array:
     k1, k2 = jax.random.split(key)
     start = jax.random.randint(k1, (batch, 1), 0, config.vocab)
     stride = jnp.asarray(strides)[jax.random.randint(k2, (batch, 1), 0, len(strides))]
