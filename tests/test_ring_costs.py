@@ -34,3 +34,48 @@ def test_bad_input():
         ring_costs.ring_bound_bytes("allgather", -1, 4, 4, 4, 8)
     with pytest.raises(checks.InputError):
         ring_costs.ring_schedule("nope", 4)
+
+
+@pytest.mark.parametrize("family", ["allgather", "reduce_scatter"])
+def test_rings_never_make_the_whole_operand(family):
+    """The plain variant makes the gathered rhs (or the whole partial output); no ring
+    makes an array bigger than one block of it, on shapes unlike the chapter's."""
+    m, k, n = 16, 32, 24
+    rng = np.random.default_rng(0)
+    lhs = rng.standard_normal((m, k), dtype=np.float32)
+    rhs = rng.standard_normal((k, n), dtype=np.float32)
+    whole = (k if family == "allgather" else m) * n * 4
+    rows = {name: ring_costs.memory_row(ring_costs.compile_variant(
+        name, lhs, rhs, mesh_of(4), "x")) for name in
+        (family, f"{family}_overlapped", f"{family}_bidi")}
+    assert rows[family]["largest bytes"] == whole
+    for name in (f"{family}_overlapped", f"{family}_bidi"):
+        assert rows[name]["largest bytes"] <= whole // 4, rows[name]
+        assert rows[name]["temporaries"] > 0
+
+
+def test_cpu_schedule_runs_every_reduce_scatter_matmul_before_any_transfer():
+    """What the chapter says of XLA:CPU: the reduce-scatter rings' partial products do not
+    wait for a transfer, so the schedule runs them all first and the temporaries hold the
+    whole partial output, as the plain variant's do; the all-gather rings must wait."""
+    m, k, n = 16, 32, 24
+    rng = np.random.default_rng(1)
+    lhs = rng.standard_normal((m, k), dtype=np.float32)
+    rhs = rng.standard_normal((k, n), dtype=np.float32)
+    for name, total in [("reduce_scatter_overlapped", 4), ("reduce_scatter_bidi", 8),
+                        ("allgather_overlapped", 4), ("allgather", 1)]:
+        compiled = ring_costs.compile_variant(name, lhs, rhs, mesh_of(4), "x")
+        before, counted = ring_costs.matmuls_before_first_transfer(compiled)
+        assert counted == total, name
+        if name.startswith("reduce"):
+            assert before == total, name
+            assert ring_costs.memory_row(compiled)["temporaries"] >= m * n * 4
+        else:
+            assert before <= 1, name
+
+
+def test_memory_row_refuses_a_program_it_cannot_read():
+    with pytest.raises(checks.InputTypeError, match="compile_variant"):
+        ring_costs.memory_row("allgather")
+    with pytest.raises(checks.InputTypeError, match="compile_variant"):
+        ring_costs.matmuls_before_first_transfer(None)

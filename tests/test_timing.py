@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spmd_guide.timing import beyond_cores, reading, time_fn, timing_table
+from spmd_guide.timing import beyond_cores, ratio_words, reading, time_fn, timing_table
 
 
 def test_counts_runs_and_names_the_hardware():
@@ -77,6 +77,15 @@ def test_reading_claims_no_more_than_the_ratio(ratio, words):
     assert beyond_cores([ratio], cores=None) == ""
 
 
+@pytest.mark.parametrize("ratio, words", [
+    (1.52, "1.52 times as long as"), (0.61, "only 0.61 of the time of"),
+    (1.04, "about as long as (1.04 times)"), (0.95, "about as long as (0.95 times)"),
+    (1.1, "about as long as (1.10 times)")])
+def test_ratio_words_says_no_more_than_the_ratio(ratio, words):
+    assert ratio_words(ratio) == words
+    assert ratio_words(1.3, tolerance=1.5).startswith("about as long as")
+
+
 def test_reading_refuses_nonsense():
     with pytest.raises(ValueError, match="positive"):
         reading(0.0)
@@ -104,6 +113,8 @@ BAD_INPUT = [
     ("label not str", lambda: time_fn(jnp.sin, 1.0, runs=1, label=3), InputTypeError, "label"),
     ("table of floats", lambda: timing_table([1.0]), InputTypeError, "Timing"),
     ("table empty", lambda: timing_table([]), InputTypeError, "non-empty"),
+    ("ratio_words 0", lambda: ratio_words(0.0), InputError, "positive"),
+    ("ratio_words tolerance", lambda: ratio_words(1.0, tolerance=0.5), InputError, "at least 1"),
     ("speedup of floats", lambda: speedup(1.0, 2.0), InputTypeError, "Timing"),
 ]
 

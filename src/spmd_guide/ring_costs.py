@@ -9,6 +9,7 @@ each device holds at each step, which :func:`draw_ring` draws.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,62 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
                     "size of the mesh axis the program's ring runs over.")
             totals["other"] += op.bytes_sent
     return totals
+
+
+def memory_row(compiled: CompiledMatmul) -> dict[str, Any]:
+    """What one device holds for a compiled variant: the largest single array the program
+    makes (from its HLO: the gathered ``rhs`` of ``allgather``, one block for a ring) and
+    the compiler's memory analysis (temporaries, and the peak bound of
+    :class:`spmd_guide.hlo.MemoryStats`).
+
+    The largest array is what the *algorithm* needs at once; the temporaries add up every
+    buffer the compiler's schedule keeps alive together, which may be more.
+    """
+    from spmd_guide.hlo import format_bytes, memory_per_device
+    from spmd_guide.hlo_text import entry_instructions
+
+    if not isinstance(compiled, CompiledMatmul):
+        raise checks.InputTypeError(
+            f"compiled must come from compile_variant(name, lhs, rhs, mesh, axis_name), "
+            f"got {compiled!r:.60}.")
+    made = [(b.nbytes, str(b)) for ins in entry_instructions(compiled.program)
+            if ins.opcode != "parameter" for b in ins.result]
+    largest_bytes, largest = max(made)
+    memory = memory_per_device(compiled.program, compiled.lhs, compiled.rhs)
+    return {"variant": compiled.name, "largest array": largest,
+            "largest bytes": largest_bytes, "temporaries": memory.temp_bytes,
+            "peak bound": memory.peak_bytes,
+            "temporaries (readable)": format_bytes(memory.temp_bytes)}
+
+
+def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
+    """``(before, total)``: how many of the program's matmuls its schedule runs before the
+    first transfer, and how many it has. Compiled modules are scheduled
+    (``is_scheduled=true``): the entry computation's text lists instructions in the order
+    they run. A ring built to overlap runs one matmul per transfer; a compiler free to
+    reorder may run every matmul that does not wait for a transfer first."""
+    from spmd_guide.hlo_text import parse_module, program_text
+
+    if not isinstance(compiled, CompiledMatmul):
+        raise checks.InputTypeError(
+            f"compiled must come from compile_variant(name, lhs, rhs, mesh, axis_name), "
+            f"got {compiled!r:.60}.")
+    module = parse_module(program_text(compiled.program))
+
+    @functools.cache
+    def has_dot(computation: str) -> bool:
+        return any(ins.opcode == "dot" or any(
+            has_dot(c) for c in re.findall(r"calls=%?([\w.\-]+)", ins.attributes)
+            if c in module.computations) for ins in module.computations[computation])
+
+    before, total, transferred = 0, 0, False
+    for ins in module.computations[module.entry]:
+        called = re.findall(r"calls=%?([\w.\-]+)", ins.attributes)
+        if ins.opcode == "dot" or any(has_dot(c) for c in called if c in module.computations):
+            total += 1
+            before += not transferred
+        transferred = transferred or ins.is_collective
+    return before, total
 
 
 def _ring_of(steps: set[int]) -> int | None:

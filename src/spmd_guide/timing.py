@@ -138,6 +138,21 @@ def reading(ratio: float) -> str:
     return f"ran {1 / ratio:.1f} times slower sharded"
 
 
+def ratio_words(ratio: float, *, tolerance: float = 1.1) -> str:
+    """Words for ``ratio`` = one time over another ("... the other"), claiming no
+    difference within ``tolerance``: ``"1.52 times as long as"``, ``"only 0.61 of the
+    time of"`` or ``"about as long as (1.04 times)"``."""
+    ratio = checks.real("ratio", ratio, positive=True)
+    tolerance = checks.real("tolerance", tolerance, positive=True)
+    if tolerance < 1:
+        raise checks.InputError(f"tolerance must be at least 1 (a ratio), got {tolerance}.")
+    if ratio > tolerance:
+        return f"{ratio:.2f} times as long as"
+    if ratio < 1 / tolerance:
+        return f"only {ratio:.2f} of the time of"
+    return f"about as long as ({ratio:.2f} times)"
+
+
 def beyond_cores(ratios: Sequence[float], *, cores: int | None) -> str:
     """A warning sentence if any ratio exceeds what ``cores`` shared cores can explain.
 
