@@ -29,6 +29,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32",
                         choices=["float32", "bfloat16"])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also save the table and its provenance (spmd_guide.results)")
     parser.add_argument("--cpu-devices", type=int, default=8,
                         help="CPU mock devices when there is no accelerator")
     return parser.parse_args(argv)
@@ -96,6 +98,13 @@ def main(argv: list[str]) -> int:
                    disable_numparse=True,
                    colalign=("right", "left", "right", "right", "right",
                              "right", "right", "left")))
+    if args.json:
+        from spmd_guide import results
+
+        results.save(args.json, benchmark="Part III collective matmuls",
+                     command=["benchmarks/collective_matmuls.py", *argv],
+                     settings={"sizes": sizes, "dtype": args.dtype, "runs": args.runs},
+                     rows=rows)
     print(f"\n{ring} x {devices[0].device_kind}, {args.dtype}, median of "
           f"{args.runs} runs after one warm-up call; 'vs plain' is the median "
           f"over that of the family's one-collective variant. Total "

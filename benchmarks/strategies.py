@@ -32,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="devices to use (CPU mock devices when there is no accelerator)")
     parser.add_argument("--strategies", nargs="+", default=None,
                         help="names from STRATEGIES (default: all)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also save the table and its provenance (spmd_guide.results)")
     return parser.parse_args(argv)
 
 
@@ -65,6 +67,15 @@ def main(argv: list[str]) -> int:
         ratios = ", ".join(f"{p.strategy} {single.step.median / p.step.median:.2f}"
                            for p in profiles if p is not single)
         print(f"\nspeedup over one device (median / median; below 1 is slower): {ratios}")
+    if args.json:
+        from spmd_guide import results
+
+        results.save(args.json, benchmark="Part IV strategies, one SGD step", command=[
+            "benchmarks/strategies.py", *argv], settings={
+            "layers": layers, "batch": batch_size, "runs": args.runs,
+            "parameters": n_params}, rows=[{**p.row(), "median vs one device": (
+                f"{single.step.median / p.step.median:.2f}" if single else "")}
+                for p in profiles])
     print(f"\n{len(devices)} x {devices[0].device_kind}; median of {args.runs} runs after one "
           f"compiling call; bytes sent under the ring model; peak memory is the compiler's bound "
           f"(arguments + outputs + temporaries). Total {time.perf_counter() - start:.0f} s.")

@@ -32,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--strategies", nargs="+", default=None)
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also save the table and its provenance (spmd_guide.results)")
     return parser.parse_args(argv)
 
 
@@ -85,6 +87,13 @@ def main(argv: list[str]) -> int:
     if device.platform == "cpu":
         print("CPU mock devices share the host's cores: times show overheads, not speedups.")
     print(tabulate(rows, headers="keys"))
+    if args.json:
+        from spmd_guide import results
+
+        results.save(args.json, benchmark="Part VIII transformer strategies, one AdamW step",
+                     command=["benchmarks/transformer_strategies.py", *argv],
+                     settings={"config": str(config), "batch": args.batch, "runs": args.runs},
+                     rows=rows)
     return 0
 
 

@@ -12,7 +12,8 @@ import sys
 import spmd_guide
 
 #: The base floor: what every Part may import; these import nothing from a Part.
-BASE = {"checks", "devices", "display", "drawing", "hlo", "hlo_text", "timing", "traced"}
+BASE = {"checks", "devices", "display", "drawing", "hlo", "hlo_text", "results", "timing",
+        "traced"}
 PACKAGE = pathlib.Path(spmd_guide.__file__).parent
 MODULES = sorted(m.name for m in pkgutil.iter_modules(spmd_guide.__path__))
 
