@@ -38,8 +38,11 @@ def test_every_change_is_pinned_and_names_are_unique():
 
 def test_resolve_tells_present_deprecated_and_removed_apart():
     assert resolve("jax.shard_map") == "present"
-    assert resolve("jax.numpy.definitely_not_a_function") == "removed"
-    assert resolve("jax.no_such_module.thing") == "removed"
+    assert resolve("jax.numpy.definitely_not_a_function") == "absent"
+    assert resolve("jax.no_such_module.thing") == "absent"
+    assert resolve("jax.tree_mapp") == "absent"  # a typo is not a removal
+    assert resolve("jax.tree_map") == "removed"  # the table of changes records it
+    assert resolve("jax.sharding.PositionalSharding") == "removed"
     assert resolve("jax.experimental.shard_map.shard_map") == "deprecated"
 
 

@@ -1,5 +1,7 @@
 """ensure_devices and environment_summary: the entry point of every chapter."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from helpers import run_python
@@ -102,3 +104,6 @@ def test_environment_summary_describes_the_mock_devices():
     assert env.backend == "cpu" and env.device_count == 8 and env.mock_devices
     text = str(env)
     assert "8 x cpu" in text and "mock devices" in text and env.jax_version in text
+    assert env.hardware == f"8 x cpu (CPU mock devices sharing {env.host_cores} host cores)"
+    real = dataclasses.replace(env, backend="gpu", device_kind="H100", mock_devices=False)
+    assert real.hardware == "8 x H100"

@@ -58,16 +58,21 @@ def test_recommend_is_consistent(n, batch, params):
         assert rec.mesh["data"] * rec.mesh.get("model", 1) == n
         assert batch % rec.mesh["data"] == 0
         assert rec.state_bytes_per_device <= rec.budget_bytes
-    html = which_strategy.flowchart_html(rec)
+    html = which_strategy.flowchart(rec)._repr_html_()
     assert which_strategy.ANSWERS[rec.answer][0] in html and html.count("&#9654;") == len(rec.path) + 1
 
 
 def test_flowchart_marks_the_path():
-    plain = which_strategy.flowchart_html()
+    chart = which_strategy.flowchart()
+    plain = chart._repr_html_()
     assert all(q in plain for q in which_strategy.QUESTIONS.values()) and "&#9654;" not in plain
+    assert all(q in str(chart) for q in which_strategy.QUESTIONS.values())
+    assert not any(line.startswith(">") for line in str(chart).splitlines())
     rec = which_strategy.recommend(40 * 10**9, 80 * GIB, batch=2, n_devices=8)
-    marked = which_strategy.flowchart_html(rec)
+    marked = which_strategy.flowchart(rec)._repr_html_()
     assert "<b>no &rarr; go to 2</b>" in marked and "<b>no &rarr; 2-D: FSDP x tensor" in marked
+    text = str(which_strategy.flowchart(rec))
+    assert text.splitlines()[0].startswith("> 1.") and text.splitlines()[-1].startswith("> ")
 
 
 def test_data_axis_size():
@@ -103,7 +108,7 @@ def test_measured_traffic():
      "memory_fraction"),
     (lambda: which_strategy.recommend(1, GIB, batch=1, n_devices=2, optimizer_slots=-1), InputError,
      "optimizer_slots"),
-    (lambda: which_strategy.flowchart_html("DP"), InputTypeError, "Recommendation"),
+    (lambda: which_strategy.flowchart("DP"), InputTypeError, "Recommendation"),
     (lambda: which_strategy.measure_traffic(["zero"], layer_sizes=[8, 8], batch_sizes=[8]), InputError,
      "strategy"),
     (lambda: which_strategy.measure_traffic(["dp"], layer_sizes=[8, 8], batch_sizes=[0]), InputError,

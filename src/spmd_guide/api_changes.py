@@ -24,15 +24,18 @@ from spmd_guide import checks
 
 
 def resolve(dotted: str) -> str:
-    """``"removed"``, ``"deprecated"`` or ``"present"`` for a dotted name.
+    """``"present"``, ``"deprecated"``, ``"removed"`` or ``"absent"`` for a dotted name.
 
     The name (e.g. ``jax.tree_map``) is imported module by module, then looked
     up attribute by attribute. JAX keeps a module-level ``_deprecations``
     table of names that warn (or, with no object left, raise); it is read
     directly, because JAX caches its warning and gives it only once per
     process. A ``DeprecationWarning`` on import (a deprecated module) counts
-    too. A name whose top-level package cannot be imported (``jaxx.tree_map``)
-    is refused: it was never part of JAX, so it cannot have been removed.
+    too. A name the installed JAX lacks is ``"removed"`` only when something
+    records that it once existed (JAX's ``_deprecations`` or this module's table
+    of changes); otherwise it is ``"absent"``: a typo such as ``jax.tree_mapp``
+    or a change the table does not list. A name whose top-level package cannot
+    be imported (``jaxx.tree_map``) is refused.
     """
     parts = _dotted_parts(dotted)
     with warnings.catch_warnings(record=True) as caught:
@@ -47,14 +50,21 @@ def resolve(dotted: str) -> str:
                 if deprecated is not None:
                     return "removed" if deprecated[1] is None else "deprecated"
                 if not hasattr(obj, name):
-                    return "removed"
+                    return _missing(dotted)
                 obj = getattr(obj, name)
             break
         else:
-            return "removed"
+            return _missing(dotted)
     if any(issubclass(w.category, DeprecationWarning) for w in caught):
         return "deprecated"
     return "present"
+
+
+def _missing(dotted: str) -> str:
+    """A name the installed JAX lacks: removed if the table of changes records it (its own
+    probe, or a name under it), absent otherwise."""
+    known = {c.probe.split(":", 1)[1] for c in CHANGES if c.probe.startswith("resolve:")}
+    return "removed" if any(dotted == k or dotted.startswith(k + ".") for k in known) else "absent"
 
 
 def _dotted_parts(dotted: object) -> list[str]:

@@ -89,12 +89,18 @@ class Environment:
     host_cores: int
     python: str
 
-    def rows(self) -> list[tuple[str, str]]:
-        """(label, value) pairs for a two-column table."""
+    @property
+    def hardware(self) -> str:
+        """The devices in words, for a sentence that says where a number came from:
+        ``"8 x cpu (CPU mock devices sharing 2 host cores)"`` or ``"8 x H100"``."""
         devices = f"{self.device_count} x {self.device_kind}"
         if self.mock_devices:
-            devices += (f" (CPU mock devices sharing {self.host_cores}"
-                        " host cores)")
+            devices += f" (CPU mock devices sharing {self.host_cores} host cores)"
+        return devices
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) pairs for a two-column table."""
+        devices = self.hardware
         return [
             ("JAX", self.jax_version),
             ("jaxlib", self.jaxlib_version),

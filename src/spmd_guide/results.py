@@ -51,10 +51,7 @@ class Results:
     def provenance(self) -> str:
         """One sentence: what ran, on what, with which JAX, when."""
         env = self.environment
-        where = f"{env.device_count} x {env.device_kind} ({env.backend})"
-        if env.mock_devices:
-            where += f", CPU mock devices sharing {env.host_cores} host cores"
-        return (f"`{self.command}` on {where}, JAX {env.jax_version}, "
+        return (f"`{self.command}` on {env.hardware}, JAX {env.jax_version}, "
                 f"run on {self.date[:10]}.")
 
 

@@ -7,7 +7,7 @@ Two halves:
   parameters it holds: the numbers the guide's rules come from.
 * :func:`recommend` walks the guide's questions for *your* model (parameter bytes, device
   memory, global batch, device count) and returns the answer with the reasons in words;
-  :func:`flowchart_html` draws the questions as a flowchart (HTML and CSS, readable on a phone)
+  :func:`flowchart` draws the questions as a flowchart (HTML and CSS, readable on a phone)
   with the path of one recommendation marked.
 """
 
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 import jax
 
 from spmd_guide import checks, hlo, nn
-from spmd_guide.display import wrap
+from spmd_guide.display import Html, wrap
 
 #: Bytes of training state per byte of parameters, before the optimizer: the parameters
 #: themselves and their gradients.
 PARAMS_AND_GRADS = 2
 
-#: The guide's questions, by id; :func:`recommend` and :func:`flowchart_html` both read them.
+#: The guide's questions, by id; :func:`recommend` and :func:`flowchart` both read them.
 QUESTIONS: dict[str, str] = {
     "fits": "Does the whole training state fit in one device's budget?",
     "fits_sharded": "Does 1/n of it fit (sharded over all n devices)?",
@@ -165,8 +165,9 @@ def _flow() -> dict[str, tuple[str, str]]:
     }
 
 
-def flowchart_html(recommendation: Recommendation | None = None) -> str:
-    """The guide as a vertical flowchart in HTML; the path of ``recommendation`` is marked.
+def flowchart(recommendation: Recommendation | None = None) -> Html:
+    """The guide as a vertical flowchart (HTML in a notebook, text with ``str()``); the path
+    of ``recommendation`` is marked.
 
     Each question box lists where "yes" and "no" lead; boxes on the path are blue with a
     marker, the others grey. Plain HTML and CSS: it narrows with the page, so it reads on a
@@ -193,14 +194,18 @@ def flowchart_html(recommendation: Recommendation | None = None) -> str:
         return QUESTIONS[node]
 
     steps = {"fits": 1, "fits_sharded": 2, "batch_dp": 3, "batch_fsdp": 4}
+    lines: list[str] = []
     out = ['<div class="spmd-flowchart" role="figure" aria-label="Which strategy when: '
            'a flowchart of questions about memory and batch size">']
     for node, (yes, no) in flow.items():
         colour, background = _ON if node in visited else _OFF
         mark = "&#9654; " if node in visited else ""
         branches = []
+        lines.append(f"{'>' if node in visited else ' '} {steps[node]}. {label(node)}")
         for word, target in (("yes", yes), ("no", no)):
-            where = f"go to {steps[target]}" if target in flow else html.escape(ANSWERS[target][0])
+            plain = f"go to {steps[target]}" if target in flow else ANSWERS[target][0]
+            lines.append(f"      {word} -> {plain}")
+            where = html.escape(plain) if target not in flow else plain
             strong = recommendation is not None and node in visited and target in visited
             text = f"<b>{word} &rarr; {where}</b>" if strong else f"{word} &rarr; {where}"
             branches.append(f"<li>{text}</li>")
@@ -212,8 +217,9 @@ def flowchart_html(recommendation: Recommendation | None = None) -> str:
         out.append(f'<div style="{_BOX.format(c=colour, bg=background)}"><b>&#9654; '
                    f"{html.escape(recommendation.title)}</b>: "
                    f"{html.escape(recommendation.book_strategies)}</div>")
+        lines.append(f"> {recommendation.title}: {recommendation.book_strategies}")
     out.append("</div>")
-    return "".join(out)
+    return Html("".join(out), "\n".join(lines))
 
 
 # ------------------------------------------------------------------------ the measurements
