@@ -15,7 +15,7 @@ ROWS = [{"strategy": "dp", "sent/device": "1.0 MiB", "step (median)": "3.1 ms"},
 
 def test_round_trip_keeps_rows_and_says_where_they_came_from(tmp_path):
     path = results.save(tmp_path / "r" / "x.json", benchmark="strategies",
-                        command=["benchmarks/strategies.py", "--runs", "3"],
+                        command=["benchmarks/strategies.py", "--runs", "3", "--json", "x.json"],
                         settings={"runs": 3}, rows=ROWS)
     back = results.load(path)
     assert back.rows == ROWS and back.settings == {"runs": 3}

@@ -65,7 +65,7 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str],
     path = pathlib.Path(path)
     record = {
         "benchmark": benchmark,
-        "command": " ".join(["python", *command]),
+        "command": " ".join(["python", *_without_json(command)]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "environment": dataclasses.asdict(environment_summary()),
         "settings": dict(settings),
@@ -74,6 +74,20 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str],
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def _without_json(command: Sequence[str]) -> list[str]:
+    """The command without its ``--json PATH`` (where the result went is not how it ran)."""
+    words, kept = list(command), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--json":
+            skip = True
+        elif not word.startswith("--json="):
+            kept.append(word)
+    return kept
 
 
 def load(path: str | pathlib.Path) -> Results:
