@@ -103,11 +103,6 @@ def test_plot_comparison_text_is_readable_in_the_column():
     assert "dp" in fig.alt
 
 
-def test_ring_diagram_svg_has_a_title_and_readable_text():
-    svg = tpu_ring.ring_diagram(tpu_ring.tpu_v3_tray(), [0, 1, 3, 2, 6, 7, 5, 4], title="ring").html
-    assert "<title>ring: D0 -&gt; D1" in svg and "role='img'" in svg
-    sizes = [float(s) for s in re.findall(r"font-size='([\d.]+)'", svg)]
-    assert sizes and min(sizes) >= drawing.MIN_TEXT_PX
 
 
 @pytest.mark.parametrize("call, error, word", [
@@ -115,8 +110,6 @@ def test_ring_diagram_svg_has_a_title_and_readable_text():
     (lambda: drawing.draw_panels([]), ValueError, "at least one"),
     (lambda: drawing.Panel("a", [[1, 2]], origins=[[0]]).cells(), ValueError, "one origin"),
     (lambda: drawing.Panel("a", [[1]], origins=[[0], [1]]).cells(), ValueError, "origins for"),
-    (lambda: tpu_ring.ring_hops([object()], [0]), ValueError, "coords"),
-    (lambda: tpu_ring.ring_diagram(tpu_ring.tpu_v3_tray(), [0, 1]), ValueError, "every device"),
 ])
 def test_bad_input_gets_a_clear_error(call, error, word):
     with pytest.raises(error, match=word):

@@ -1,4 +1,4 @@
-"""Tests for spmd_guide.roofline and spmd_guide.roofline_pages: the chips file, the counts
+"""Tests for spmd_guide.roofline: the chips file, the counts
 the compiled program gives against closed forms, predict's bound, the worked answers, and
 bad input."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, nn, roofline, roofline_pages
+from spmd_guide import hlo, nn, roofline
 from spmd_guide.checks import InputError, InputTypeError
 
 REQUIRED = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100-sxm", "h200", "b200"}
@@ -188,75 +188,6 @@ def test_parallelism_thresholds_balance_compute_and_communication():
     assert roofline.fsdp_critical_batch(chip, n=8) == pytest.approx(2 / 3 * roofline.dp_critical_batch(chip, n=8))
 
 
-def test_mlp_predictions_rank_every_strategy_on_every_chip():
-    sizes, batch = (64, 128, 128, 64), 256
-    work = {n: roofline_pages.strategy_counts(n, layer_sizes=sizes, batch=batch) for n in ("dp", "tp")}
-    # dp all-reduces every f32 gradient once over 8 devices.
-    grads = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-    assert work["dp"].comm_bytes == pytest.approx(2 * 7 / 8 * grads, abs=16)
-    assert work["dp"].flops == pytest.approx(
-        roofline.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)
-    predictions = roofline_pages.predict_strategies(work)
-    assert len(predictions) == 2 * len(roofline.CHIPS)
-    for key in roofline.CHIPS:
-        assert sorted(roofline_pages.ranking(predictions, key)) == ["dp", "tp"]
-        rows = roofline_pages.prediction_rows(predictions, key)
-        assert [r["rank"] for r in rows] == [1, 2]
-        assert {r["bound"] for r in rows} <= set(roofline.BOUNDS)
-
-
-# --------------------------------------------------------------------------- worked problems
-
-
-def test_worked_problems_answers():
-    answers = {p.key: p.value for p in roofline_pages.problems()}
-    assert len(answers) >= 8
-    assert answers["ridge"] == pytest.approx(9.89e14 / 3.35e12)
-    assert answers["matmul_batch"] == pytest.approx(250, abs=1)
-    assert answers["dp_nvlink"] == pytest.approx(7 / 8 * 9.89e14 / 4.5e11)
-    assert answers["dp_network"] == pytest.approx(9.89e14 / 5e10)
-    assert answers["fsdp_fit"] == 7
-    assert answers["train_step"] == pytest.approx(6 * 7e9 * 1e6 / (256 * 4.59e14))
-    assert answers["tp_ways"] == 12
-    assert answers["allgather"] == pytest.approx(7 / 8 * 8192 * 28672 * 2 / 4.5e11)
-    assert answers["overlap"] == pytest.approx(3 * 1.97e14 / 9e10)
-    assert answers["decode"] == pytest.approx(14e9 / 4.8e12)
-    for p in roofline_pages.problems():
-        assert p.question.endswith("?") and p.answer
-
-
-def test_rooflines_exercises_answers():
-    answers = {p.key: p.value for p in roofline_pages.intensity_exercises()}
-    assert answers["f32_intensity"] == pytest.approx(
-        2 * 256 * 4096**2 / (2 * (256 * 4096 * 2 + 4096**2)))
-    assert answers["b200_batch"] == pytest.approx(2.25e15 / 8e12)
-
-
-def test_chip_for_device_kinds():
-    class Fake:
-        def __init__(self, kind):
-            self.device_kind = kind
-
-    assert roofline_pages.chip_for(Fake("NVIDIA H100 80GB HBM3")) == "h100-sxm"
-    assert roofline_pages.chip_for(Fake("TPU v5 lite")) == "tpu-v5e"
-    assert roofline_pages.chip_for(Fake("TPU v5p")) == "tpu-v5p"
-    assert roofline_pages.chip_for(Fake("cpu")) is None
-
-
-def test_measured_beside_predicted_on_an_accelerator():
-    if jax.default_backend() == "cpu":
-        pytest.skip("no accelerator here: only predictions can be checked on CPU mock devices")
-    a = jnp.ones((4096, 4096), jnp.bfloat16)
-    from spmd_guide.timing import time_fn
-
-    step = jax.jit(lambda x: x @ x)
-    measured = time_fn(step, a, runs=5).median
-    chip = roofline_pages.chip_for(jax.devices()[0])
-    if chip is None:
-        pytest.skip(f"{jax.devices()[0].device_kind} is not in the chips file")
-    assert measured >= 0.5 * roofline.predict(step, a, chip=chip).step_s
-
-
 # --------------------------------------------------------------------------- bad input
 
 
@@ -276,7 +207,6 @@ def test_measured_beside_predicted_on_an_accelerator():
     (lambda: roofline.tp_min_width("h200", 1), InputError, "n"),
     (lambda: roofline.overlap_speedup(0, 0), InputError, "nothing"),
     (lambda: roofline.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
-    (lambda: roofline_pages.strategy_counts("pipeline"), InputError, "strategy"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):

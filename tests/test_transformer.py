@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import DEVICES
@@ -103,18 +102,8 @@ def test_bad_inputs():
     params, tokens, *_ = reference()
     with pytest.raises(ValueError, match="tokens"):
         STRATEGIES["dp"].shard(params, tokens[:3], STRATEGIES["dp"].mesh(DEVICES[:2]))
-    with pytest.raises(ValueError, match="seq_len"):
-        lm_loss(params, tokens[:, :-1], config=CONFIG)
-    with pytest.raises(TypeError, match="integer"):
-        lm_loss(params, tokens.astype(jnp.float32), config=CONFIG)
-    with pytest.raises(ValueError, match="n_heads"):
-        Config(d_model=10, n_heads=4)
 
 
-def test_counting_task_is_learnable_rule():
-    tokens = lm.counting_task(jax.random.key(3), batch=4, config=CONFIG)
-    diffs = np.diff(np.asarray(tokens), axis=1) % CONFIG.vocab
-    assert (diffs == diffs[:, :1]).all() and set(diffs[:, 0]) <= {1, 2, 3}
 
 
 @pytest.mark.slow
