@@ -19,6 +19,7 @@ def test_round_trip_keeps_rows_and_says_where_they_came_from(tmp_path):
                         settings={"runs": 3}, rows=ROWS)
     back = results.load(path)
     assert back.rows == ROWS and back.settings == {"runs": 3}
+    assert back.settings_text() == "runs 3"
     assert back.command == "python benchmarks/strategies.py --runs 3"
     assert back.script == "benchmarks/strategies.py"
     assert results.load_all(tmp_path / "r", script="benchmarks/strategies.py") == [back]
@@ -37,6 +38,14 @@ def test_the_books_committed_results_load():
     for script in ("benchmarks/strategies.py", "benchmarks/collective_matmuls.py",
                    "benchmarks/transformer_strategies.py"):
         assert all(run.rows for run in results.load_all(folder, script=script))
+
+
+def test_settings_text_reads_lists_and_big_numbers(tmp_path):
+    path = results.save(tmp_path / "s.json", benchmark="b", command=[], rows=ROWS,
+                        settings={"layers": [256, 2048, 256], "batch": 1024, "parameters": 9443584,
+                                  "dtype": "float32"})
+    assert results.load(path).settings_text() == (
+        "layers 256 x 2,048 x 256, batch 1,024, parameters 9,443,584, dtype float32")
 
 
 def test_bad_files_get_clear_errors(tmp_path):

@@ -48,6 +48,17 @@ class Results:
             checks.one_of("column", column, list(self.rows[0]))
         return Table([{c: row[c] for c in columns} for row in self.rows])
 
+    def settings_text(self) -> str:
+        """The run's settings in words: ``"batch 1024, runs 5"`` (integers with separators)."""
+        def shown(value: Any) -> str:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return f"{value:,}"
+            if isinstance(value, list):
+                return " x ".join(shown(v) for v in value)
+            return str(value)
+
+        return ", ".join(f"{key} {shown(value)}" for key, value in self.settings.items())
+
     def provenance(self) -> str:
         """One sentence: what ran, on what, with which JAX, when."""
         env = self.environment
