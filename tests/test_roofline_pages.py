@@ -102,3 +102,18 @@ def test_transformer_counts_match_the_closed_form_and_split_the_work_evenly():
     big = roofline_pages.transformer_big_arrays(batch=batch, **config)
     assert big == {"attention scores, one layer": 4 * batch * 8 * s * s // 8,
                    "logits": 4 * batch * s * v // 8}
+
+
+def test_fast_codegen_leaves_the_counts_unchanged():
+    from spmd_guide import transformer
+    config = transformer.Config(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=1,
+                                seq_len=32)
+    strategy = transformer.STRATEGIES["tp"]
+    mesh = strategy.mesh(jax.devices())
+    params = transformer.init_params(jax.random.key(0), config)
+    tokens = jnp.zeros((8, 33), jnp.int32)
+    params, tokens = strategy.shard(params, tokens, mesh)
+    lowered = jax.jit(jax.value_and_grad(strategy.loss(mesh, config))).lower(params, tokens)
+    full = roofline.counts(lowered.compile())
+    fast = roofline.counts(lowered.compile(roofline_pages.FAST_CODEGEN))
+    assert fast == full
