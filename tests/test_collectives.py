@@ -203,6 +203,31 @@ def test_all_to_all_picture_colours_each_value_by_its_source():
         np.testing.assert_array_equal(np.ravel(after.origins[d]), np.arange(4))
 
 
+def test_a_gathered_array_goes_out_stacked_or_not_at_all():
+    """The chapter's check_vma claim: all_gather's result is varying, so out_specs=P() is
+    refused, and out_specs=P('x') stacks one whole copy per device."""
+    mesh = mesh_of(4)
+    x = np.arange(8, dtype=np.float32)
+
+    def gathered(block):
+        return jax.lax.all_gather(block, "x", tiled=True)
+
+    stacked = jax.shard_map(gathered, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(x)
+    np.testing.assert_array_equal(stacked, np.tile(x, 4))
+    with pytest.raises(ValueError, match="replicat"):
+        jax.shard_map(gathered, mesh=mesh, in_specs=P("x"), out_specs=P())(x)
+
+
+def test_captions_say_when_a_block_is_drawn_as_a_row():
+    """all_to_all turns each device's row f32[1,4] into a column f32[4,1]; the panel draws it as
+    a row of cells, and its caption says so."""
+    before, after = collectives.example_panels("all_to_all", mesh_of(4))
+    assert before.caption == "each device: f32[1,4]"
+    assert after.caption == "each device: f32[4,1], drawn as a row"
+    assert collectives.flat_caption(np.zeros(3, np.float32)) == "each device: f32[3]"
+    assert collectives.flat_caption(np.zeros((2, 3), np.float32)).endswith("drawn as a row")
+
+
 def test_reductions_are_drawn_as_combined():
     panels = collectives.example_panels("psum_scatter", mesh_of(2))
     assert all((np.asarray(o) == collectives.COMBINED).all() for o in panels[1].origins)

@@ -605,6 +605,28 @@ def test_bad_input_gets_a_clear_error(call, error, word):
         call(mesh_of(8, ("a", "b"), (4, 2)))
 
 
+def test_ring_arithmetic_redoes_the_bytes_sent(devices):
+    """The chapter's derivation of the column sums' 24 bytes, and the other kinds' sums."""
+    x = square(mesh_of(8, ("a", "b"), (4, 2)), P("a", "b"))
+    (op,) = partitioning.partitioning(partitioning.column_sums, x).ops
+    assert partitioning.ring_arithmetic(op) == "2 × (4 − 1) / 4 × 16 B = 24 B"
+    gather = hlo.Collective("all-gather", op.buffers, 4, ring_all_gather(16, 4))
+    assert partitioning.ring_arithmetic(gather) == "(4 − 1) / 4 × 16 B = 12 B"
+    permute = hlo.Collective("collective-permute", op.buffers, 2, 16)
+    assert partitioning.ring_arithmetic(permute) == "16 B = 16 B"
+    with pytest.raises(checks.InputTypeError, match="Collective"):
+        partitioning.ring_arithmetic("all-reduce")
+
+
+def test_sharding_text_names_a_single_device_array_for_what_it_is(devices):
+    """A fresh jnp array is a SingleDeviceSharding, not a P() over a mesh."""
+    fresh = jnp.ones(8)
+    assert not fresh.committed
+    assert partitioning.sharding_text(fresh.sharding) == "SingleDeviceSharding"
+    replicated = partitioning.place(np.ones(8), mesh_of(8, ("a", "b"), (4, 2)), P())
+    assert partitioning.sharding_text(replicated.sharding) == "P()"
+
+
 def test_valid_inputs_that_used_to_fail_or_mislead():
     assert partitioning.sharding_text(P("x")) == "P('x')"  # a spec, not a sharding: read as itself
     assert dict(partitioning.auto_mesh(8, ("x",)).shape) == {"x": 8}

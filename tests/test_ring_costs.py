@@ -81,3 +81,48 @@ def test_memory_row_refuses_a_program_it_cannot_read():
         ring_costs.memory_row("allgather")
     with pytest.raises(checks.InputTypeError, match="compile_variant"):
         ring_costs.matmuls_before_first_transfer(None)
+
+
+def test_allgather_rings_hold_every_partial_product_until_the_last_addition():
+    """What the chapter says of XLA:CPU: the running sum of the all-gather rings becomes one
+    addition at the end, so every partial product (M/n, N) stays alive until then: n of them
+    in the overlapped ring, 2n (one per half block) in the bidirectional one. With K = 2M the
+    bidirectional ring's products are as large as the whole gathered rhs, and its
+    temporaries exceed the plain gather's by the slices of lhs cut at the start."""
+    from spmd_guide.hlo_text import entry_instructions
+
+    m, k, n, ring = 16, 32, 24, 4
+    rng = np.random.default_rng(2)
+    lhs = rng.standard_normal((m, k), dtype=np.float32)
+    rhs = rng.standard_normal((k, n), dtype=np.float32)
+    product = (m // ring) * n * 4
+    compiled = {name: ring_costs.compile_variant(name, lhs, rhs, mesh_of(ring), "x")
+                for name in ("allgather", "allgather_overlapped", "allgather_bidi")}
+    assert ring_costs.summed_at_end(compiled["allgather"]) == (0, 0)
+    assert ring_costs.summed_at_end(compiled["allgather_overlapped"]) == (ring, ring * product)
+    count, held = ring_costs.summed_at_end(compiled["allgather_bidi"])
+    assert (count, held) == (2 * ring, 2 * ring * product) and held == k * n * 4
+    temps = {name: ring_costs.memory_row(c)["temporaries"] for name, c in compiled.items()}
+    assert temps["allgather"] == k * n * 4 < temps["allgather_bidi"]
+    # The rest: the (m/ring, k/(2 ring)) slices of lhs, all cut before the first transfer.
+    program = entry_instructions(compiled["allgather_bidi"].program)
+    first = next(i for i, ins in enumerate(program) if ins.is_collective)
+    slices = [ins for ins in program[:first] if ins.opcode == "fusion"
+              and ins.shape_text == f"f32[{m // ring},{k // (2 * ring)}]"]
+    assert len(slices) == 2 * ring
+    assert 0 < temps["allgather_bidi"] - held <= sum(s.result[0].nbytes for s in slices)
+    assert ring_costs.matmuls_before_first_transfer(compiled["allgather_bidi"])[0] == 0
+
+
+def test_amounts_in_words_says_equal_amounts_once():
+    assert ring_costs.amounts_in_words({"a": 393216, "b": 393216, "c": 393216}) == (
+        "all three need 393,216 bytes")
+    assert ring_costs.amounts_in_words({"a": 1, "b": 1}) == "both need 1 bytes"
+    assert ring_costs.amounts_in_words({"a": 5, "b": 6, "c": 7}) == (
+        "`a` needs 5 bytes, `b` 6 and `c` 7")
+    assert ring_costs.amounts_in_words({"a": 5}) == "`a` needs 5 bytes"
+    assert ring_costs.amounts_in_words({f"v{i}": 2 for i in range(5)}) == "all 5 need 2 bytes"
+    with pytest.raises(checks.InputTypeError):
+        ring_costs.amounts_in_words({})
+    with pytest.raises(checks.InputError):
+        ring_costs.amounts_in_words({"a": -1})

@@ -271,6 +271,28 @@ def test_gallery_overview_and_sections(book_gallery):
         book_gallery.entry((3, 3), P())
 
 
+def test_gallery_overview_is_as_narrow_as_its_results(book_gallery):
+    """Each spec heads its own row, so no row holds more cells than there are meshes (the
+    table fits a phone, however long the specs)."""
+    markup = book_gallery.overview().html
+    assert markup.count("scope='rowgroup'") == len(SPECS)
+    rows = markup.split("<tr>")[1:]
+    assert max(row.count("<td") + row.count("<th") for row in rows) == 4
+
+
+def test_spec_text_has_no_trailing_comma_and_captions_use_it():
+    """JAX prints P('b',); the book's tables print P('b'): the grid captions agree."""
+    assert str(P("b")) == "P('b',)"
+    assert show.spec_text(P("b")) == "P('b')"
+    assert show.spec_text(P(("a", "b"), None)) == "P(('a', 'b'), None)"
+    assert show.spec_text(P()) == "P()"
+    mesh = jax.make_mesh((8,), ("b",), devices=DEVICES)
+    array = jax.device_put(np.arange(8.0), NamedSharding(mesh, P("b")))
+    assert "· P('b') ·" in show.describe(array)
+    with pytest.raises(InputTypeError, match="PartitionSpec"):
+        show.spec_text("b")
+
+
 def test_gallery_entry_lets_other_errors_through():
     mesh = jax.make_mesh((8,), ("x",), devices=DEVICES)
     with pytest.raises(TypeError):

@@ -30,6 +30,7 @@ axes alike (an Explicit-axes mesh rejects inputs not already laid out as ``in_sp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -48,6 +49,7 @@ from spmd_guide.drawing import (  # noqa: F401  (the pictures' vocabulary, re-ex
     before_after,
     device_color,
     draw_panels,
+    shape_label,
 )
 
 Kernel = Callable[[jax.Array, str], jax.Array]
@@ -417,7 +419,21 @@ def example_panels(name: str, mesh: Mesh, *, axis_name: str = "x") -> list[Panel
     else:
         origins = np.broadcast_to(
             np.arange(n).reshape((n,) + (1,) * (result.ndim - 1)), result.shape)
-    return before_after(before, result, origins)
+    return [dataclasses.replace(panel, caption=flat_caption(panel.values[0]))
+            for panel in before_after(before, result, origins)]
+
+
+def flat_caption(block: Any) -> str:
+    """A panel's caption for one device's ``block``: ``"each device: f32[1,8]"``.
+
+    A panel draws each device's block as one row of cells; a block that is not a row (a column
+    such as ``f32[8,1]``, or a matrix) says that it is drawn as one.
+    """
+    block = np.asarray(block)
+    caption = f"each device: {shape_label(block)}"
+    if any(size > 1 for size in block.shape[:-1]):
+        caption += ", drawn as a row"
+    return caption
 
 
 def draw_collective(name: str, mesh: Mesh, *, axis_name: str = "x", **options: Any) -> Any:

@@ -104,8 +104,9 @@ def spec_text(spec: P) -> str:
 
 
 def sharding_text(sharding: jax.sharding.Sharding | None) -> str:
-    """A sharding as its PartitionSpec (``P('a', 'b')``); any fully replicated one as ``P()``;
-    a PartitionSpec as itself; ``None`` (no sharding) as ``-``."""
+    """A sharding as its PartitionSpec (``P('a', 'b')``); a ``SingleDeviceSharding`` (an array on
+    one device, such as a fresh ``jnp.ones(8)``) by that name; any other fully replicated one
+    as ``P()``; a PartitionSpec as itself; ``None`` (no sharding) as ``-``."""
     if isinstance(sharding, P):
         return spec_text(sharding)
     if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
@@ -113,6 +114,8 @@ def sharding_text(sharding: jax.sharding.Sharding | None) -> str:
             f"sharding_text needs a jax.sharding.Sharding, got {type(sharding).__name__}.")
     if isinstance(sharding, NamedSharding):
         return spec_text(sharding.spec)
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return "SingleDeviceSharding"  # one device, not a spec over a mesh
     if sharding is not None and getattr(sharding, "is_fully_replicated", False):
         return "P()"
     return type(sharding).__name__ if sharding is not None else "-"
@@ -124,6 +127,23 @@ def _describe_ops(ops: Sequence[hlo.Collective]) -> list[str]:
     for op in ops:
         parts[(op.kind, op.group_size)] = parts.get((op.kind, op.group_size), 0) + 1
     return [f"{n} {kind} in groups of {size}" for (kind, size), n in parts.items()]
+
+
+def ring_arithmetic(op: hlo.Collective) -> str:
+    """The ring-model sum behind ``op.bytes_sent``, for a reader to redo:
+    ``"2 × (4 − 1) / 4 × 16 B = 24 B"`` for an all-reduce of 16 bytes over 4 devices.
+
+    All-reduce: twice (n − 1)/n of the buffer; all-gather, reduce-scatter, all-to-all: once;
+    collective-permute: the buffer itself (see :func:`spmd_guide.hlo.ring_bytes`).
+    """
+    if not isinstance(op, hlo.Collective):
+        raise checks.InputTypeError(
+            f"ring_arithmetic needs an hlo.Collective (from hlo.collectives), got {op!r:.60}.")
+    n, size, sent = op.group_size, op.buffer_bytes, op.bytes_sent
+    if op.kind == "collective-permute":
+        return f"{size} B = {sent} B"
+    factor = "2 × " if op.kind == "all-reduce" else ""
+    return f"{factor}({n} − 1) / {n} × {size} B = {sent} B"
 
 
 @dataclass(frozen=True)

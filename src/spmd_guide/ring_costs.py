@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,12 +146,10 @@ def memory_row(compiled: CompiledMatmul) -> dict[str, Any]:
             "temporaries (readable)": format_bytes(memory.temp_bytes)}
 
 
-def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
-    """``(before, total)``: how many of the program's matmuls its schedule runs before the
-    first transfer, and how many it has. Compiled modules are scheduled
-    (``is_scheduled=true``): the entry computation's text lists instructions in the order
-    they run. A ring built to overlap runs one matmul per transfer; a compiler free to
-    reorder may run every matmul that does not wait for a transfer first."""
+def _matmul_steps(compiled: CompiledMatmul) -> list[tuple[Any, bool]]:
+    """The entry computation's instructions in the order they run (compiled modules are
+    scheduled, ``is_scheduled=true``), each with whether it is a matmul (a ``dot``, or a
+    fusion that calls one)."""
     from spmd_guide.hlo_text import parse_module, program_text
 
     if not isinstance(compiled, CompiledMatmul):
@@ -166,14 +164,61 @@ def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
             has_dot(c) for c in re.findall(r"calls=%?([\w.\-]+)", ins.attributes)
             if c in module.computations) for ins in module.computations[computation])
 
-    before, total, transferred = 0, 0, False
-    for ins in module.computations[module.entry]:
+    def is_matmul(ins: Any) -> bool:
         called = re.findall(r"calls=%?([\w.\-]+)", ins.attributes)
-        if ins.opcode == "dot" or any(has_dot(c) for c in called if c in module.computations):
+        return ins.opcode == "dot" or any(has_dot(c) for c in called if c in module.computations)
+
+    return [(ins, is_matmul(ins)) for ins in module.computations[module.entry]]
+
+
+def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
+    """``(before, total)``: how many of the program's matmuls its schedule runs before the
+    first transfer, and how many it has. Compiled modules are scheduled
+    (``is_scheduled=true``): the entry computation's text lists instructions in the order
+    they run. A ring built to overlap runs one matmul per transfer; a compiler free to
+    reorder may run every matmul that does not wait for a transfer first."""
+    before, total, transferred = 0, 0, False
+    for ins, is_matmul in _matmul_steps(compiled):
+        if is_matmul:
             total += 1
             before += not transferred
         transferred = transferred or ins.is_collective
     return before, total
+
+
+def summed_at_end(compiled: CompiledMatmul) -> tuple[int, int]:
+    """``(count, bytes)``: the matmul results that the program's last instruction reads,
+    and their bytes in all. XLA may turn a running sum ``out += a @ b`` into one addition of
+    every product at the end; then each product stays alive until that addition, however
+    early it was computed. ``(0, 0)`` when the last instruction reads no matmul result."""
+    steps = _matmul_steps(compiled)
+    results = {ins.name: ins for ins, is_matmul in steps if is_matmul}
+    read = [results[name] for name in dict.fromkeys(steps[-1][0].operands) if name in results]
+    return len(read), sum(b.nbytes for ins in read for b in ins.result)
+
+
+_COUNT_WORDS = {2: "both", 3: "all three", 4: "all four"}
+
+
+def amounts_in_words(named: Mapping[str, int], *, unit: str = "bytes") -> str:
+    """Several named amounts in a clause, saying once what they share.
+
+    ``{"a": 5, "b": 5, "c": 5}`` -> ``"all three need 5 bytes"``; different amounts are
+    listed: ``"`a` needs 5 bytes, `b` 6 and `c` 7"``. Names are written as code.
+    """
+    if isinstance(named, (str, bytes)) or not isinstance(named, Mapping) or not named:
+        raise checks.InputTypeError(
+            f"named must be a non-empty dict of name: amount, got {named!r:.60}.")
+    amounts = {name: checks.count(f"named[{name!r}]", value, minimum=0)
+               for name, value in named.items()}
+    values = list(amounts.values())
+    if len(values) > 1 and len(set(values)) == 1:
+        who = _COUNT_WORDS.get(len(values), f"all {len(values)}")
+        return f"{who} need {values[0]:,} {unit}"
+    (first, amount), *others = amounts.items()
+    parts = [f"`{first}` needs {amount:,} {unit}"] + [f"`{name}` {value:,}"
+                                                     for name, value in others]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _ring_of(steps: set[int]) -> int | None:

@@ -177,6 +177,11 @@ def _array_text(values: np.ndarray | None) -> str:
     return np.array2string(values, threshold=64, edgeitems=3, precision=4, suppress_small=True)
 
 
+def spec_text(spec: PartitionSpec) -> str:
+    """A spec as you would write it: ``P('b')``, where JAX's own ``str`` gives ``P('b',)``."""
+    return "P(" + ", ".join(repr(entry) for entry in _check_spec(spec)) + ")"
+
+
 def describe(array: jax.Array) -> str:
     """One line: dtype and shape, and the partition spec and mesh where there is one."""
     if not isinstance(array, jax.Array) or isinstance(array, jax.core.Tracer):
@@ -185,7 +190,7 @@ def describe(array: jax.Array) -> str:
     sharding = array.sharding
     if isinstance(sharding, NamedSharding):
         axes = ", ".join(f"{name}={size}" for name, size in sharding.mesh.shape.items())
-        parts += [str(sharding.spec), f"mesh {axes}"]
+        parts += [spec_text(sharding.spec), f"mesh {axes}"]
     else:
         parts.append(type(sharding).__name__)
     return " · ".join(parts)
@@ -391,7 +396,12 @@ class Gallery:
         return side_by_side(*(self.entry(mesh_shape, spec) for spec in self.specs))
 
     def overview(self) -> Html:
-        """A spec x mesh-shape table: each device's block shape (×copies), or the error type."""
+        """A spec x mesh-shape table: each device's block shape (×copies), or the error type.
+
+        Each spec heads its own row, spanning the table, with its results on the row below, so
+        the table is as narrow as the four results (it fits a 400 px phone) however long the
+        specs are.
+        """
         names = ", ".join(self.axis_names)
         headers = ["spec"] + [f"mesh {shape}" for shape in self.mesh_shapes]
         rows = [
@@ -399,22 +409,27 @@ class Gallery:
             for spec in self.specs
         ]
         cell = "padding:2px 5px;white-space:nowrap;"
-        head = "".join(f"<th style='{cell}'>{html.escape(h)}</th>" for h in headers)
-        body = []
+        head = "".join(
+            f"<th scope='col' style='{cell}text-align:center'>{html.escape(str(shape))}</th>"
+            for shape in self.mesh_shapes)
+        groups = []
         for spec, row in zip(self.specs, rows, strict=True):
-            cells = [f"<td style='{cell}{_MONO}'>{html.escape(row[0])}</td>"]
+            cells = []
             for shape, text in zip(self.mesh_shapes, row[1:], strict=True):
                 bad = not self.entry(shape, spec).ok
                 colour = "background:#FFE4DC;" if bad else ""
                 cells.append(f"<td style='{cell}text-align:center;{colour}{_MONO}'>"
                              f"{html.escape(text)}</td>")
-            body.append("<tr>" + "".join(cells) + "</tr>")
+            groups.append(
+                f"<tbody><tr><th scope='rowgroup' colspan='{len(self.mesh_shapes)}' "
+                f"style='{cell}text-align:left;font-weight:600;padding-top:6px;{_MONO}'>"
+                f"{html.escape(row[0])}</th></tr><tr>{''.join(cells)}</tr></tbody>")
         markup = (
-            f"<div style='overflow-x:auto'><table style='border-collapse:collapse;"
-            f"font-size:0.8em;{_FONT}'><caption style='caption-side:top;"
-            f"text-align:left;font-size:0.85em'>Block shape on each device (×copies where "
-            f"replicated); mesh axes ({html.escape(names)})</caption>"
-            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
+            f"<div style='overflow-x:auto;max-width:100%'><table style='border-collapse:collapse;"
+            f"font-size:0.8em;{_FONT}'><caption style='caption-side:top;text-align:left;"
+            f"font-size:0.85em'>Block shape on each device (×copies where replicated), for "
+            f"each spec on each mesh shape; mesh axes ({html.escape(names)})</caption>"
+            f"<thead><tr>{head}</tr></thead>{''.join(groups)}</table></div>"
         )
         return Html(html=markup, text=tabulate(rows, headers=headers, disable_numparse=True))
 

@@ -2,8 +2,8 @@
 
 ``jax.experimental.mesh_utils.create_device_mesh`` orders TPU v2/v3 cores so that neighbours
 on a mesh axis are neighbours on the board; :func:`tpu_v3_tray` makes stand-in devices with
-the coordinates it reads, :func:`ring_hops` counts the board hops of a ring order and
-:func:`ring_diagram` draws it.
+the coordinates it reads, :func:`ring_hops` counts the board hops of a ring order,
+:func:`diagonal_steps` words the steps that skip a chip and :func:`ring_diagram` draws it.
 """
 
 from __future__ import annotations
@@ -88,6 +88,25 @@ def ring_hops(devices: Sequence[object], order: Sequence[int]) -> list[int]:
     return hops
 
 
+def diagonal_steps(devices: Sequence[object], order: Sequence[int]) -> str:
+    """The steps of the ring ``order`` that skip a chip, in words for the prose.
+
+    ``"no step"`` when there are none, else the count and each step, e.g.
+    ``"2 steps (dashed red: device 3 to device 4 and device 7 back to device 0)"``
+    (the step from the last device to the first is the one that goes *back*).
+    """
+    far = [(i, here, there)
+           for i, ((here, there), hop) in enumerate(zip(_steps(order), ring_hops(devices, order),
+                                                        strict=True))
+           if hop > 1]
+    if not far:
+        return "no step"
+    words = [f"device {here} {'back ' if i == len(order) - 1 else ''}to device {there}"
+             for i, here, there in far]
+    listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+    return f"{len(far)} step{'s' if len(far) > 1 else ''} (dashed red: {listed})"
+
+
 Point = tuple[float, float]
 #: Box corners ``(left, top, right, bottom)`` in SVG coordinates (y grows downwards).
 Box = tuple[float, float, float, float]
@@ -153,7 +172,9 @@ def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
     by_id = _positions(devices, order, complete=True)
     chip_w, chip_h, gap = 128, 88, 34
     core_w, core_h, pad = 48, 40, 4  # pad: how far a link keeps from a core it passes
-    label_w = 80  # the room a "chip (x, y)" label takes (12 px text)
+    # The room a "chip (x, y)" label takes: 12 px DejaVu Sans (the first font of the stack)
+    # is about 5.6 px a character; 6 px leaves a margin.
+    label_w = 6 * len("chip (0, 0)")
 
     def corner(coords: Sequence[int]) -> Point:
         return coords[0] * (chip_w + gap), coords[1] * (chip_h + gap)
@@ -189,9 +210,11 @@ def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
                           "rx='6' fill='#f4f4f4' stroke='#555'/>")
         places = [(x, y, anchor, (x - label_w, y - 11, x, y + 3) if anchor == "end"
                    else (x, y - 11, x + label_w, y + 3))
-                  for y in (top + 15, bottom - 5)
+                  for y in (top + 17, bottom - 5)
                   for x, anchor in ((left + 6, "start"), (right - 6, "end"))]
-        x, y, anchor, _ = next((p for p in places if not _hits(link_points, [p[3]])), places[0])
+        # The first corner no link passes; failing that, the one the fewest link points cross.
+        x, y, anchor, _ = min(places, key=lambda p: sum(
+            _hits([point], [p[3]]) for point in link_points))
         # A halo in the chip's colour keeps the label readable should a link still cross it.
         label_parts.append(f"<text x='{x}' y='{y}' text-anchor='{anchor}' font-size='12' "
                            "fill='#444' stroke='#f4f4f4' stroke-width='4' "
