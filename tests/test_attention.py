@@ -70,3 +70,14 @@ def test_mismatched_and_wrong_axis():
 
 def test_exercise_answer():
     assert int((attention.causal_work(64, 8, "contiguous")[2] > 0).sum()) == 3
+
+
+def test_ring_figure_has_a_colour_bar_for_the_share_kept():
+    import matplotlib.pyplot as plt
+
+    fig = attention.draw_ring(4, 32, layout="contiguous")
+    image_ax, bar_ax = fig.axes
+    assert bar_ax.get_ylabel() == "share of scores kept"
+    assert bar_ax.get_ylim() == (0, 1)
+    assert [t.get_text() for t in image_ax.texts][:2] == ["KV0", "KV3"]
+    plt.close(fig)

@@ -77,6 +77,12 @@ def test_layouts_the_strategies_promise():
     # AdamW's state initialised under a bare jit lands on one device, whatever the params
     assert set(fsdp.adam_mu) == {("device 0 only", "device 0 only")}
     assert not fsdp.adam_matches_params
+    assert fsdp.adam_pinned == fsdp.params  # the sheet's last column: pinned_init's layout
+    step = cheat_sheet.sheet_table([fsdp], part="step").rows[0]
+    assert step[cheat_sheet.ADAM_BARE] == "device 0 only"
+    assert step[cheat_sheet.ADAM_PINNED] == "P('batch', None)" and step["strategy"] == "fsdp"
+    assert cheat_sheet.sheet_table([fsdp], part="layout").rows[0]["strategy"] == (
+        "fsdp\nFSDP, shard_map\nbatch=4")
     placed, _ = nn.STRATEGIES["fsdp"].shard(params, batch, nn.STRATEGIES["fsdp"].mesh(DEVICES[:4]))
     for how in ("eager", "pinned"):
         mu, nu = cheat_sheet.adam_state_shardings(placed, how=how)
@@ -120,10 +126,13 @@ def test_bad_input(call, error, word):
 def test_notes_follow_the_layouts():
     dp, fsdp = _layout("dp", 2, (8, 8)), _layout("fsdp", 4)
     text = cheat_sheet.notes([dp, fsdp])
-    assert "Every strategy gets their gradients back" in text
+    assert "Every strategy gets its gradients back" in text
     assert "for any strategy: it lands as device 0 only" in text
     drifting = dataclasses.replace(fsdp, grads=dp.grads)  # pretend fsdp's gradients drift
-    assert "`dp` gets their gradients back in the parameters' own layout; `fsdp` does not" in (
+    assert "`dp` gets its gradients back in the parameters' own layout; `fsdp` does not" in (
         cheat_sheet.notes([dp, drifting]))
+    assert "`dp`, `dp` get their gradients back in the parameters' own layout; `fsdp`, `fsdp` do"\
+        " not" in cheat_sheet.notes([dp, dp, drifting, drifting])
+    assert "No strategy gets its gradients back" in cheat_sheet.notes([drifting])
     with pytest.raises(InputError, match="layout"):
         cheat_sheet.notes([])

@@ -290,3 +290,29 @@ def test_numpy_integers_are_counts():
     batches = data.sharded_batches(_dataset(8), np.int64(4), _rows(), seed=np.int32(1),
                                    epoch=np.int64(0))
     assert len(batches) == 2 and data.batch_axis_size(_rows(4), ndim=np.int64(2)) == 4
+
+
+def test_rows_by_device_shows_every_value_in_boxes_that_wrap():
+    """sharded_data.md: the first batch's ids, one box per device, nothing clipped."""
+    first = next(data.sharded_batches((np.arange(40),), 16, _sharding(), seed=0))[0]
+    shown = data.rows_by_device(first, title="ids")
+    values = np.asarray(first)
+    lines = str(shown).splitlines()
+    assert lines[0] == "ids" and lines[2].startswith("D0 (rows 0-1): ")
+    for d in range(8):
+        assert lines[2 + d] == f"D{d} (rows {2 * d}-{2 * d + 1}): {values[2 * d]} {values[2 * d + 1]}"
+        assert f"{values[2 * d]} {values[2 * d + 1]}</div>" in shown.html
+    assert "flex-wrap:wrap" in shown.html and "white-space:nowrap" in shown.html
+    many = next(data.sharded_batches((np.arange(160),), 160, _sharding(), seed=0))[0]
+    assert str(data.rows_by_device(many)).splitlines()[1].endswith(" ...")
+    with pytest.raises(TypeError, match="title"):
+        data.rows_by_device(first, title=3)
+
+
+def test_loader_errors_are_value_errors():
+    """sharded_data.md: the table shows InputError, a ValueError subclass."""
+    from spmd_guide.checks import InputError
+
+    assert issubclass(InputError, ValueError)
+    with pytest.raises(InputError):
+        data.sharded_batches((np.arange(40),), 12, _sharding(), seed=0)

@@ -63,6 +63,7 @@ def test_init_params_scales_by_fan_in_and_is_deterministic():
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(half))
 
 
+@pytest.mark.slow
 def test_loss_starts_near_log_vocab():
     params = init_params(jax.random.key(0), CONFIG)
     tokens = lm.counting_task(jax.random.key(1), batch=8, config=CONFIG)
@@ -95,3 +96,20 @@ def test_training_on_one_device_learns_the_counting_rule():
 def test_bad_input_gets_a_clear_error(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_against_uniform_places_a_loss_beside_log_vocab():
+    assert lm.against_uniform(3.97, 32) == "above the 3.47 nats of a uniform guess"
+    assert lm.against_uniform(0.08, 32) == "below the 3.47 nats of a uniform guess"
+    assert lm.against_uniform(math.log(32), 32) == "at the 3.47 nats of a uniform guess"
+    with pytest.raises(ValueError, match="vocab"):
+        lm.against_uniform(1.0, 0)
+
+
+def test_untrained_model_starts_above_a_uniform_guess():
+    """model.md's caption: the random initial logits cost more than an even guess."""
+    config = Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=16)
+    params = init_params(jax.random.key(0), config)
+    tokens = lm.counting_task(jax.random.key(1), batch=16, config=config)
+    loss = float(jax.jit(lm_loss, static_argnames="config")(params, tokens, config=config))
+    assert lm.against_uniform(loss, config.vocab).startswith("above")

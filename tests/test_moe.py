@@ -81,6 +81,7 @@ def test_gradients_equal_reference(data):
     assert float(jnp.abs(got[0]["router"]).sum()) > 0  # the router learns
 
 
+@pytest.mark.slow
 def test_priority_order_by_hand():
     """Router = identity: tokens 0-3 prefer expert 0 then 1, tokens 4-7 expert 1 then 0."""
     params = {"router": jnp.eye(4), "w_in": jnp.ones((4, 4, 2)), "w_out": jnp.ones((4, 2, 4))}
@@ -214,3 +215,24 @@ def test_chapter_exercises():
     assert moe.dispatch_slots(64, 8, top_k=2, n_experts=8, capacity_factor=1.25) == 8
     assert moe.all_to_all_bytes(64, 8, **kw) == 3584
     assert moe.all_to_all_bytes(64, 8, rule="per_device", **kw) == 1344
+
+
+@pytest.mark.slow
+def test_descending_on_the_aux_loss_evens_the_router():
+    """experts.md: the page's router and batch; gradient steps on router_aux_loss alone bring
+    the loss to 1 and the drops to 0, while scaling the router changes no choice."""
+    params = moe.init_moe(jax.random.key(0), d_model=16, d_ff=32, n_experts=8)
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    kw = dict(top_k=2, capacity_factor=1.0)
+    _, before = moe.reference_moe(params, x, **kw)
+    np.testing.assert_allclose(moe.router_aux_loss(params["router"], x, top_k=2),
+                               before["aux_loss"], rtol=1e-6)
+    _, scaled = moe.reference_moe({**params, "router": 4 * params["router"]}, x, **kw)
+    assert np.array_equal(scaled["kept"], before["kept"])
+    grad = jax.grad(functools.partial(moe.router_aux_loss, x=x, top_k=2))
+    router = jax.jit(lambda r: jax.lax.fori_loop(0, 100, lambda _, r: r - 0.5 * grad(r), r))(
+        params["router"])
+    _, after = moe.reference_moe({**params, "router": router}, x, **kw)
+    assert int(before["dropped"]) == 13 and int(after["dropped"]) == 0
+    assert float(after["aux_loss"]) < float(before["aux_loss"])
+    assert float(after["aux_loss"]) == pytest.approx(1.0, abs=5e-4)

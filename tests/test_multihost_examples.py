@@ -57,3 +57,19 @@ BAD_INPUT = [
 def test_bad_input_gets_the_packages_clear_error(problem, call, error, word):
     with pytest.raises(error, match=word):
         call(str(problem))
+
+
+def test_reference_table_prints_rounded_numbers(problem):
+    """multihost.md: the table shows losses to 6 decimals and the gap as 1.0e-06, never a raw
+    float such as 28.501689910888672."""
+    from types import SimpleNamespace
+
+    reference = multihost_examples.single_process_step(problem=problem)
+    value = multihost_examples.data_parallel_step(problem=problem, strategies=["dp"])
+    results = [SimpleNamespace(process_id=0, value=value)]
+    raw = multihost_examples.compare_to_reference(results, reference)
+    (row,) = multihost_examples.reference_table(results, reference).rows
+    assert row["loss"] == f"{raw[0]['loss']:.6f}" and len(row["loss"].split(".")[1]) == 6
+    assert row["1-process loss"] == f"{reference['loss']:.6f}"
+    assert row["largest |gradient difference|"] == f"{raw[0]['max |grad diff|']:.1e}"
+    assert row["process"] == 0 and row["strategy"] == "dp"

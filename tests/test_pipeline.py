@@ -10,7 +10,7 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import pipeline
+from spmd_guide import hlo, pipeline
 from spmd_guide.checks import InputError, InputTypeError
 
 LAYERS, WIDTH, BATCH = 8, 8, 24  # the chapter uses 8 x 128 and a batch of 256
@@ -125,3 +125,18 @@ def test_reference_is_the_squared_error_of_the_stack(model):
     want = np.mean(np.sum((h - np.asarray(y)) ** 2, axis=-1))
     np.testing.assert_allclose(float(value), want, rtol=1e-5)
     assert float(np.std(params["w"])) == pytest.approx(WIDTH ** -0.5, rel=0.3)
+
+
+@pytest.mark.slow
+def test_each_ppermute_sends_s_minus_one_messages(model):
+    """pipeline.md, exercise 3: the two collective-permutes pair stage s with s + 1 (and
+    back), S - 1 pairs each, none from the last stage forwards or the first backwards."""
+    params, batch, _ = model
+    strategy = pipeline.STRATEGIES["gpipe"]
+    mesh = strategy.mesh(DEVICES[:4])
+    params, batch = strategy.shard(params, batch, mesh)
+    loss = strategy.loss(mesh, n_microbatches=8)
+    permutes = [op for op in hlo.collectives(jax.grad(loss), params, batch)
+                if op.kind == "collective-permute"]
+    pairs = sorted(tuple(sorted(op.groups)) for op in permutes)
+    assert pairs == [((0, 1), (1, 2), (2, 3)), ((1, 0), (2, 1), (3, 2))]

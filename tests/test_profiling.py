@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 from helpers import DEVICES
 
@@ -44,6 +45,27 @@ def test_reference_check_matches_on_every_device_count(model):
         check = profiling.check_against_reference("fsdp", params, batch, devices=DEVICES[:k])
         assert check.loss == pytest.approx(check.reference_loss, rel=1e-5)
         assert check.max_grad_error < 1e-4 * max(1.0, check.max_grad)
+
+
+@pytest.mark.slow
+def test_dp_and_fsdp_do_the_same_arithmetic_bit_for_bit():
+    """manual_parallelism.md: on the book's model the dp and fsdp check rows are equal because
+    the loss and every gradient are equal bit for bit (FSDP gathers whole weights first)."""
+    sizes = [16, 64, 64, 64, 16]
+    params = nn.init_mlp(jax.random.key(0), sizes)
+    batch = nn.make_regression_batch(jax.random.key(1), 64, sizes[0], sizes[-1])
+    results = []
+    for name in ("dp", "fsdp"):
+        strategy = nn.STRATEGIES[name]
+        mesh = strategy.mesh(DEVICES)
+        placed = strategy.shard(params, batch, mesh)
+        results.append(jax.device_get(jax.jit(jax.value_and_grad(strategy.loss(mesh)))(*placed)))
+    (dp_loss, dp_grads), (fsdp_loss, fsdp_grads) = results
+    assert dp_loss == fsdp_loss
+    assert all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(dp_grads), jax.tree.leaves(fsdp_grads), strict=True))
+    check = profiling.check_against_reference("dp", params, batch)
+    assert check.max_grad_error <= 4 * np.spacing(np.float32(check.max_grad))
 
 
 @pytest.mark.parametrize(("call", "word"), [

@@ -104,6 +104,7 @@ def test_transformer_counts_match_the_closed_form_and_split_the_work_evenly():
                    "logits": 4 * batch * s * v // 8}
 
 
+@pytest.mark.slow
 def test_fast_codegen_leaves_the_counts_unchanged():
     from spmd_guide import transformer
     config = transformer.Config(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=1,
@@ -117,3 +118,41 @@ def test_fast_codegen_leaves_the_counts_unchanged():
     full = roofline.counts(lowered.compile())
     fast = roofline.counts(lowered.compile(roofline_pages.FAST_CODEGEN))
     assert fast == full
+
+
+@pytest.mark.slow
+def test_prediction_figure_marks_every_bar_with_its_bound_and_keeps_the_key_above():
+    import matplotlib.pyplot as plt
+
+    sizes, batch = (64, 128, 128, 64), 256
+    work = {n: roofline_pages.strategy_counts(n, layer_sizes=sizes, batch=batch)
+            for n in ("dp", "tp")}
+    predictions = roofline_pages.predict_strategies(work)
+    fig = roofline_pages.plot_predictions(predictions)
+    ax = fig.axes[0]
+    marks = [line.get_marker() for line in ax.get_lines()]
+    expected = [roofline_pages.BOUND_MARKERS[p.estimate.bound]
+                for name in ("dp", "tp") for p in predictions if p.strategy == name]
+    assert marks == expected
+    assert len(set(roofline_pages.BOUND_MARKERS.values())) == len(roofline.BOUNDS)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (key,) = fig.legends
+    labels = [t.get_text() for t in key.get_texts()]
+    assert {"dp", "tp", *roofline_pages.BOUND_MARKERS} <= set(labels)
+    # The key lies wholly above the plotting area, so no bar hides behind it.
+    assert key.get_window_extent(renderer).y0 >= ax.get_window_extent(renderer).y1
+    plt.close(fig)
+
+
+def test_curves_take_plain_x_ticks():
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ways = np.arange(2, 65)
+    fig = roofline_pages.plot_curves(ways, {"a": ways * 1.0}, xlabel="n", ylabel="f",
+                                     xticks=[2, 4, 8, 16, 32, 64])
+    ax = fig.axes[0]
+    assert list(ax.get_xticks()) == [2, 4, 8, 16, 32, 64]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4", "8", "16", "32", "64"]
+    plt.close(fig)

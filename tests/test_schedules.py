@@ -122,8 +122,27 @@ def test_chapter_exercises():
 
 def test_in_flight_rows_match_the_chapter():
     assert schedules.in_flight_rows(4, 8) == [
-        {"stage": 0, "gpipe": 8, "1f1b": 4}, {"stage": 1, "gpipe": 8, "1f1b": 4},
-        {"stage": 2, "gpipe": 8, "1f1b": 3}, {"stage": 3, "gpipe": 8, "1f1b": 2}]
+        {"stage": 0, "gpipe": 8, "1f1b": 4, "1f1b rule": 4},
+        {"stage": 1, "gpipe": 8, "1f1b": 4, "1f1b rule": 4},
+        {"stage": 2, "gpipe": 8, "1f1b": 3, "1f1b rule": 3},
+        {"stage": 3, "gpipe": 8, "1f1b": 2, "1f1b rule": 2}]
+
+
+def test_one_f_one_b_rule_equals_the_counted_peaks():
+    """pipeline.md: stage 0 holds min(M, S), stage s > 0 min(M, S - s + 1)."""
+    for n_stages in range(1, 9):
+        for n_micro in range(1, 3 * n_stages + 1):
+            counted = schedules.build_schedule("1f1b", n_stages, n_micro).peak_in_flight()
+            assert list(counted) == schedules.one_f_one_b_peak(n_stages, n_micro)
+
+
+def test_gpipe_idles_before_between_and_after():
+    """pipeline.md: stage s idles s steps first, 2 (S - 1 - s) in the middle, s at the end."""
+    for n_stages, n_micro in ((4, 6), (3, 2), (8, 9), (2, 1)):
+        rows = schedules.idle_rows(schedules.build_schedule("gpipe", n_stages, n_micro))
+        assert rows == [{"stage": s, "idle before": s, "idle between": 2 * (n_stages - 1 - s),
+                         "idle after": s, "idle in all": 2 * (n_stages - 1)}
+                        for s in range(n_stages)]
 
 
 @pytest.mark.parametrize("name", schedules.SCHEDULES)
@@ -133,7 +152,8 @@ def test_chapter_exercise_on_messages(name):
     tables = plan.tables()
     assert 2 * plan.n_steps == 44
     assert int((tables["recv_f"] >= 0).sum()) == int((tables["recv_b"] >= 0).sum()) == 24
-    assert 2 * plan.n_steps * plan.n_stages == 176
+    # each run sends S - 1 messages (pairs s -> s + 1, or s + 1 -> s): 44 x 3
+    assert 2 * plan.n_steps * (plan.n_stages - 1) == 132
 
 
 def test_schedule_figure_shows_as_svg_with_its_alt_text():

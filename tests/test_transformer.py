@@ -8,8 +8,10 @@ import jax
 import numpy as np
 import pytest
 from helpers import DEVICES
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from spmd_guide import lm, transformer
+from spmd_guide import breakdown, hlo, lm, transformer
 from spmd_guide.transformer import STRATEGIES, Config, init_params, lm_loss
 
 CONFIG = Config(vocab=16, d_model=16, n_heads=8, d_ff=32, n_layers=1, seq_len=16)
@@ -124,6 +126,10 @@ def test_exercise_answers():
              if all(spec == jax.P() or set(spec) == {None}
                     for spec in jax.tree.leaves(s.param_specs(params, s.mesh(DEVICES))))]
     assert whole == ["dp", "cp", "cp_zigzag"]
+    # the page's table prints P(None, None) for them: the same layout as P(), replicated
+    mesh = STRATEGIES["dp"].mesh(DEVICES)
+    assert NamedSharding(mesh, P(None, None)).is_equivalent_to(NamedSharding(mesh, P()), 2)
+    assert NamedSharding(mesh, P(None)).is_fully_replicated
     big = init_params(jax.random.key(0), Config(d_model=32))
     specs = STRATEGIES["fsdp"].param_specs(big, STRATEGIES["fsdp"].mesh(DEVICES))
     assert specs["blocks"][0]["norm1"] == jax.P("data")
@@ -147,3 +153,125 @@ def test_exercise_answers_memory():
     assert pred["optimizer state"] == 2 * pred["parameters"]
     # every leaf of this config splits over 8 devices, so 1 byte of state per parameter
     assert pred["optimizer state"] == n * 8 // 8
+
+
+def test_spec_table_names_parameters_with_a_dot():
+    params = init_params(jax.random.key(0), CONFIG)
+    mesh = STRATEGIES["tp"].mesh(DEVICES[:2])
+    names = [row["parameter"] for row in transformer.spec_table(params, {"tp": mesh})]
+    assert "block.norm1" in names and "block.wk" in names and "embed" in names
+    assert not any("[" in n or "'" in n for n in names)
+
+
+
+
+
+
+PAGE_CONFIG = Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=16)
+
+
+@functools.cache
+def _page_check(name):
+    """check_strategy on the tensor-parallelism page's model, 8 devices."""
+    params = init_params(jax.random.key(0), PAGE_CONFIG)
+    tokens = lm.counting_task(jax.random.key(1), batch=8, config=PAGE_CONFIG)
+    strategy = STRATEGIES[name]
+    mesh = strategy.mesh(DEVICES)
+    return transformer.check_strategy(strategy, mesh, PAGE_CONFIG, params, tokens), mesh
+
+
+@pytest.mark.slow
+def test_tp_all_reduces_by_source_match_the_page():
+    """tensor_parallelism.md: 12 all-reduces carrying 13 residual-sized buffers (the formula's
+    4 per layer, 8, plus q/k/v's three partial sums and the vocab-parallel head's input
+    gradient), and three small ones for the loss."""
+    row, _ = _page_check("tp")
+    got = [(r["pass"], r["where"], r["ops"], r["each carries"])
+           for r in breakdown.collective_breakdown(row.hlo)]
+    want = [
+        ("forward", 'jnp.einsum("bshk,hkd->bsd", a, block["wo"])', 2, "f32[8,16,32]"),
+        ("forward", 'u @ block["w_down"]', 2, "f32[8,16,32]"),
+        ("forward", "jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)", 2, "f32[8,16]"),
+        ("forward + backward", "jnp.take_along_axis(logp, targets[..., None], axis=-1)"
+         " + 1 more", 1, "f32[8,16,1], f32[8,16]"),
+        ("backward", 'x @ params["unembed"]', 1, "f32[8,16,32]"),
+        ("backward", 'h @ block["w_up"]', 2, "f32[8,16,32]"),
+        ("backward", 'jnp.einsum("bsd,dhk->bshk", h, block[w])', 2, "3 x f32[8,16,32]"),
+    ]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        head, _, more = g[1].partition("\u2026")
+        assert g[0] == w[0] and w[1].startswith(head) and w[1].endswith(more), (g, w)
+        assert g[2:] == w[2:], (g, w)
+    ops = hlo.collectives_in_text(row.hlo)
+    residual = sum(b.shape == (8, 16, 32) for op in ops for b in op.buffers)
+    assert residual == 4 * PAGE_CONFIG.n_layers + 2 * PAGE_CONFIG.n_layers + 1 == 13
+    assert row["collectives"] == "12 all-reduce"
+
+
+@pytest.mark.slow
+def test_fsdp_tp_moves_the_embedding_to_a_vocabulary_split():
+    """model.md: the forward permute and the all-gather after it leave every device of model
+    column m the rows of half m of the vocabulary; the backward permute sends them back."""
+    row, mesh = _page_check("fsdp_tp")
+    rows = [r for r in breakdown.collective_breakdown(row.hlo, mesh, by=("pass", "where", "axis"))
+            if r["where"].startswith('params["embed"]')]
+    assert [(r["pass"], r["collective"], r["axis"]) for r in rows] == [
+        ("forward", "collective-permute", "data, model"), ("forward", "all-gather", "data"),
+        ("forward", "all-reduce", "model"), ("backward", "collective-permute", "data, model")]
+    permutes = [op for op in hlo.collectives_in_text(row.hlo) if op.kind == "collective-permute"]
+    forward = permutes[0]
+    (gather,) = [op for op in hlo.collectives_in_text(row.hlo) if op.kind == "all-gather"
+                 and op.buffers[0].shape == (16, 32) and op.group_size == 2]
+    shape = mesh.devices.shape                       # (data, model) = (4, 2)
+    rows_per_block = PAGE_CONFIG.vocab // shape[0]   # P('data', None): rows of block a
+    held = {d: np.unravel_index(d, shape)[0] for d in range(8)}
+    received = {dst: held[src] for src, dst in forward.groups}
+    for group in gather.groups:
+        blocks = [received[d] for d in group]
+        rows = np.concatenate([np.arange(b * rows_per_block, (b + 1) * rows_per_block)
+                               for b in blocks])
+        for d in group:
+            column = np.unravel_index(d, shape)[1]
+            half = PAGE_CONFIG.vocab // shape[1]
+            assert list(rows) == list(range(column * half, (column + 1) * half))
+    backward = {(dst, src) for src, dst in permutes[1].groups}
+    assert backward == set(forward.groups)
+
+
+@pytest.mark.slow
+def test_fsdp_tp_loss_differs_by_float32_rounding_only():
+    row, _ = _page_check("fsdp_tp")
+    steps = abs(row.loss - row.ref_loss) / float(np.spacing(np.float32(row.ref_loss)))
+    assert steps <= 8
+
+
+@functools.cache
+def _ring_checks():
+    """ring_attention.md's cp and cp_zigzag programs, 4 devices."""
+    config = Config(vocab=32, d_model=32, n_heads=4, d_ff=64, n_layers=2, seq_len=32)
+    params = init_params(jax.random.key(0), config)
+    tokens = lm.counting_task(jax.random.key(1), batch=4, config=config)
+    return [transformer.check_strategy(STRATEGIES[name], STRATEGIES[name].mesh(DEVICES[:4]),
+                                       config, params, tokens)
+            for name in ("cp", "cp_zigzag")]
+
+
+@pytest.mark.slow
+def test_cp_all_gather_carries_the_position_gradient_not_the_sequence():
+    """ring_attention.md: cp's one all-gather is the backward pass's gradient of the position
+    table; cp_zigzag all-reduces that table with the other gradients instead, which costs
+    the difference between the two collectives on one [seq_len, d_model] table."""
+    cp, zigzag = _ring_checks()
+    gathers = [r for r in breakdown.collective_breakdown(cp.hlo)
+               if r["collective"] == "all-gather"]
+    assert gathers == [{"pass": "backward", "where": 'params["pos"][positions]',
+                        "collective": "all-gather", "ops": 1, "each carries": "f32[32,32]",
+                        "bytes sent": 3072}]
+    assert not [op for op in hlo.collectives_in_text(zigzag.hlo) if op.kind == "all-gather"]
+    (cp_reduce,) = [op for op in hlo.collectives_in_text(cp.hlo) if op.kind == "all-reduce"]
+    (zz_reduce,) = [op for op in hlo.collectives_in_text(zigzag.hlo) if op.kind == "all-reduce"]
+    assert len(zz_reduce.buffers) == len(cp_reduce.buffers) + 1
+    table = 32 * 32 * 4
+    assert zigzag["bytes sent"] - cp["bytes sent"] == \
+        hlo.ring_bytes("all-reduce", table, 4) - hlo.ring_bytes("all-gather", table, 4) == 3072

@@ -186,14 +186,15 @@ def ring_schedule(n: int) -> np.ndarray:
 
 def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
     """A figure: rows are devices, columns ring steps; each cell names the K/V block the
-    device holds and is shaded by the share of that block's scores the causal mask keeps."""
+    device holds and is shaded by the share of that block's scores the causal mask keeps
+    (palest: none, darkest: all), with a colour bar for the shades."""
     import matplotlib.pyplot as plt
 
     work = causal_work(seq, n, layout)
     full = (seq // n) ** 2
     held = ring_schedule(n)
-    fig, ax = plt.subplots(figsize=(0.75 * n + 1.6, 0.5 * n + 1.0), dpi=110)
-    ax.imshow(work / full, cmap="Blues", vmin=-0.15, vmax=1.3, aspect="auto")
+    fig, ax = plt.subplots(figsize=(0.75 * n + 2.4, 0.5 * n + 1.0), dpi=110)
+    image = ax.imshow(work / full, cmap="Blues", vmin=-0.15, vmax=1.3, aspect="auto")
     for i in range(n):
         for s in range(n):
             dark = work[i, s] / full > 0.6
@@ -202,6 +203,10 @@ def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
     ax.set_xticks(range(n), [str(s) for s in range(n)], fontsize=11)
     ax.set_yticks(range(n), [f"dev {i}" for i in range(n)], fontsize=11)
     ax.set_xlabel("ring step", fontsize=11)
-    ax.set_title(f"{layout}: K/V block held (shade = causal work)", fontsize=11)
+    ax.set_title(f"{layout}: K/V block held", fontsize=11)
+    bar = fig.colorbar(image, ax=ax, ticks=[0, 0.5, 1], fraction=0.08, pad=0.04)
+    bar.ax.set_ylim(0, 1)
+    bar.set_label("share of scores kept", fontsize=11)
+    bar.ax.tick_params(labelsize=11)
     fig.tight_layout()
     return fig

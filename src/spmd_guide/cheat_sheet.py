@@ -10,7 +10,8 @@ of, and reads back the layouts of what they return:
 * gradients: the output shardings of ``jax.jit(jax.grad(loss))``;
 * parameters after one SGD step: the output shardings of ``nn.make_sgd_step(loss)``;
 * optimizer state: the output shardings of ``jax.jit(optax.adamw(...).init)`` on the placed
-  parameters (AdamW's first and second moments ``mu`` and ``nu``);
+  parameters (AdamW's first and second moments ``mu`` and ``nu``), bare and with the layout
+  pinned by :func:`pinned_init`;
 * memory and traffic: parameter bytes per device from the arrays' shards, collectives and
   bytes sent per step from the compiled SGD step (:func:`spmd_guide.hlo.report`).
 
@@ -91,7 +92,8 @@ class Layout:
     """Where everything of one strategy lives, per layer, as PartitionSpec text.
 
     Each ``*_specs`` field holds one ``(W spec, b spec)`` pair per layer; ``activations`` one
-    spec per layer output. ``adam_mu``/``adam_nu`` are AdamW's moment estimates.
+    spec per layer output. ``adam_mu``/``adam_nu`` are AdamW's moment estimates as a bare
+    ``jax.jit(init)`` lays them out, ``adam_pinned`` its ``mu`` from :func:`pinned_init`.
     """
 
     strategy: str
@@ -106,6 +108,7 @@ class Layout:
     updated: tuple[tuple[str, str], ...]
     adam_mu: tuple[tuple[str, str], ...]
     adam_nu: tuple[tuple[str, str], ...]
+    adam_pinned: tuple[tuple[str, str], ...]
     param_bytes_per_device: int
     param_bytes_total: int
     collective_counts: dict[str, int]
@@ -126,23 +129,30 @@ class Layout:
         """Whether AdamW's state, initialised under ``jit``, is laid out like the parameters."""
         return self.adam_mu == self.params and self.adam_nu == self.params
 
-    def row(self) -> dict[str, str]:
-        """One table row: every layout as per-layer text, memory and traffic per device."""
-        used = ", ".join(f"{n} {k}" for k, n in self.collective_counts.items() if n) or "none"
-        mesh = " x ".join(f"{a}={n}" for a, n in self.mesh_shape.items())
+    def row(self, *, full_name: bool = True) -> dict[str, str]:
+        """One table row: every layout as per-layer text, memory and traffic per device.
+
+        Cells and headers carry line breaks so that each half of the sheet fits the text
+        column. ``full_name=False`` leaves the family, kind and mesh out of the strategy cell
+        (shown once, in the first table).
+        """
+        used = "\n".join(f"{n} {k}" for k, n in self.collective_counts.items() if n) or "none"
+        mesh = " x\n".join(f"{a}={n}" for a, n in self.mesh_shape.items())
+        name = (f"{self.strategy}\n{self.family}, {self.kind}\n{mesh}" if full_name
+                else self.strategy)
         return {
-            "strategy": f"{self.strategy}\n({self.family}, {self.kind})",
-            "mesh": mesh,
+            "strategy": name,
             "x, y": self.batch,
             "W": per_layer([w for w, _ in self.params]),
             "b": per_layer([b for _, b in self.params]),
             "activations": per_layer(list(self.activations)),
             "grad W": per_layer([w for w, _ in self.grads]),
-            "AdamW mu, nu (W)": per_layer([w for w, _ in self.adam_mu]),
-            "params / device": f"{hlo.format_bytes(self.param_bytes_per_device)}\n"
-                               f"of {hlo.format_bytes(self.param_bytes_total)}",
-            "collectives / step": used.replace(", ", "\n"),
-            "sent / step": hlo.format_bytes(self.bytes_sent),
+            "params /\ndevice": f"{hlo.format_bytes(self.param_bytes_per_device)}\n"
+                                f"of {hlo.format_bytes(self.param_bytes_total)}",
+            "collectives\n/ step": used,
+            "sent /\nstep": hlo.format_bytes(self.bytes_sent),
+            ADAM_BARE: per_layer([w for w, _ in self.adam_mu]),
+            ADAM_PINNED: per_layer([w for w, _ in self.adam_pinned]),
         }
 
 
@@ -249,6 +259,7 @@ def layout(
     updated, _ = compiled_step.output_shardings
     report = hlo.report(compiled_step)
     mu, nu = adam_state_shardings(placed)
+    pinned_mu, _ = adam_state_shardings(placed, how="pinned")
 
     params_specs = tuple(
         (spec_text(w.sharding, w.ndim), spec_text(b.sharding, b.ndim)) for w, b in placed
@@ -270,6 +281,7 @@ def layout(
         updated=_pairs(updated, placed),
         adam_mu=_pairs(mu, placed),
         adam_nu=_pairs(nu, placed),
+        adam_pinned=_pairs(pinned_mu, placed),
         param_bytes_per_device=nn.param_bytes_per_device(placed),
         param_bytes_total=sum(leaf.nbytes for leaf in jax.tree.leaves(placed)),
         collective_counts=report.counts,
@@ -293,26 +305,34 @@ def cheat_sheet(
     return [layout(n, params, batch, devices=devices) for n in names]
 
 
-#: The columns of each half of the sheet (a whole row is too wide for a phone).
+#: Headers of the two optimizer-state columns: what a bare ``jax.jit(optimizer.init)`` does
+#: (the trap), and the layout :func:`pinned_init` gives (the fix).
+ADAM_BARE = "AdamW mu, nu\nof W: bare\njax.jit(init)"
+ADAM_PINNED = "AdamW mu, nu\nof W: with\npinned_init"
+
+#: The columns of each part of the sheet (a whole row is far too wide for the text column).
 COLUMNS: dict[str, tuple[str, ...]] = {
-    "layout": ("strategy", "mesh", "x, y", "W", "b", "activations"),
-    "step": ("strategy", "grad W", "AdamW mu, nu (W)", "params / device",
-             "collectives / step", "sent / step"),
+    "layout": ("strategy", "x, y", "W", "b"),
+    "compiled": ("strategy", "activations", "grad W", "params /\ndevice"),
+    "step": ("strategy", "collectives\n/ step", "sent /\nstep", ADAM_BARE, ADAM_PINNED),
 }
 
 
 def sheet_table(layouts: Sequence[Layout], *, part: str | None = None) -> Table:
     """The sheet as a :class:`spmd_guide.display.Table`, one row per strategy.
 
-    ``part="layout"``: where the batch, parameters and activations live; ``part="step"``:
-    gradients, optimizer state, memory and collectives; ``None``: every column.
+    ``part="layout"``: the mesh and where the batch and parameters live; ``"compiled"``: the
+    activations and gradients the compiled programs return, and parameter bytes per device;
+    ``"step"``: collectives, bytes sent, and AdamW's state bare and pinned; ``None``: every
+    column. Only the first part names each strategy's family, kind and mesh.
     """
     if not layouts:
         raise checks.InputError("sheet_table needs at least one layout, got none.")
     if part is None:
         return Table([lay.row() for lay in layouts])
     columns = COLUMNS[checks.one_of("part", part, COLUMNS)]
-    return Table([{c: lay.row()[c] for c in columns} for lay in layouts])
+    full = part == "layout"
+    return Table([{c: lay.row(full_name=full)[c] for c in columns} for lay in layouts])
 
 
 def spec_of(sharding: Any, ndim: int) -> P:
@@ -335,20 +355,21 @@ def notes(layouts: Sequence[Layout]) -> str:
     if not layouts:
         raise checks.InputError("notes needs at least one layout, got none.")
     sentences = []
-    for attribute, what in (
-        ("grads_match_params", "their gradients"),
-        ("step_keeps_layout", "the parameters after one SGD step"),
+    for attribute, (one, many) in (
+        ("grads_match_params", ("its gradients", "their gradients")),
+        ("step_keeps_layout", ("the parameters after one SGD step",) * 2),
     ):
         kept = [lay for lay in layouts if getattr(lay, attribute)]
         drift = [lay for lay in layouts if not getattr(lay, attribute)]
         if not drift:
-            sentences.append(f"Every strategy gets {what} back in the parameters' own layout.")
+            sentences.append(f"Every strategy gets {one} back in the parameters' own layout.")
         else:
+            single = len(kept) <= 1  # "No strategy gets", "`dp` gets", "`dp`, `tp` get"
             sentences.append(
-                f"{_names(kept) or 'No strategy'} get{'s' if len(kept) == 1 else ''} {what} "
-                f"back in the parameters' own layout; {_names(drift)} "
-                f"{'does' if len(drift) == 1 else 'do'} not, and a training step built on "
-                f"{'it' if len(drift) == 1 else 'them'} should pin the layout "
+                f"{_names(kept) or 'No strategy'} get{'s' if single else ''} "
+                f"{one if single else many} back in the parameters' own layout; "
+                f"{_names(drift)} {'does' if len(drift) == 1 else 'do'} not, and a training "
+                f"step built on {'it' if len(drift) == 1 else 'them'} should pin the layout "
                 "(`out_shardings`) or pay a reshard.")
     adam = [lay for lay in layouts if not lay.adam_matches_params]
     if adam:

@@ -35,6 +35,7 @@ change from epoch to epoch. Training loops usually want
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,7 +44,8 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from spmd_guide import checks
+from spmd_guide import checks, show
+from spmd_guide.display import MONO_CSS, PALETTE, TEXT, Html
 
 Dataset = Any
 """A pytree of NumPy arrays sharing their leading length (one row per example)."""
@@ -321,3 +323,45 @@ def _local_rows(shardings: list[Sharding], leaves: list[np.ndarray],
             f"this process holds {share} of the {batch_size} rows of a batch, "
             f"not an even share: spread the batch axis evenly over processes.")
     return share
+
+
+# ------------------------------------------------------------------------ looking at a batch
+
+#: A box of :func:`rows_by_device` shows at most this many of its block's values.
+VALUES_PER_BOX = 8
+
+
+def rows_by_device(batch_leaf: jax.Array, *, title: str | None = None) -> Html:
+    """Which rows (examples) of one batch leaf each device holds, with their values.
+
+    One coloured box per block, in the order of its rows: the devices holding it (``D3``) and
+    its values (at most :data:`VALUES_PER_BOX`, then ``...``). The boxes wrap onto new lines
+    on a narrow screen instead of shrinking, so no value is ever cut off; ``str()`` gives the
+    same as text. For a whole-array picture laid out like the array, see
+    :func:`spmd_guide.show.layout_grid`.
+    """
+    if title is not None and not isinstance(title, str):
+        raise checks.InputTypeError(f"title must be a string, got {title!r}.")
+    blocks = show.shard_blocks(batch_leaf, data=True)
+    boxes, lines = [], []
+    for block in blocks:
+        flat = [] if block.data is None else [str(v) for v in np.ravel(block.data)]
+        shown = " ".join(flat[:VALUES_PER_BOX]) + (" ..." if len(flat) > VALUES_PER_BOX else "")
+        rows = f"rows {block.bounds[0][0]}-{block.bounds[0][1] - 1}"
+        colour = PALETTE[block.devices[0] % len(PALETTE)]
+        boxes.append(
+            f"<div style='background:{colour};color:{TEXT};padding:3px 8px;border-radius:3px;"
+            f"white-space:nowrap;{MONO_CSS}' title='{rows}'>"
+            f"<span style='font-weight:600'>{html.escape(block.label)}</span> "
+            f"{html.escape(shown)}</div>")
+        lines.append(f"{block.label} ({rows}): {shown}")
+    caption = show.describe(batch_leaf)
+    heading = (f"<div style='font-weight:600;margin-bottom:2px'>{html.escape(title)}</div>"
+               if title else "")
+    markup = (f"<div style='margin:4px 0;color:{TEXT}'>{heading}"
+              "<div style='display:flex;flex-wrap:wrap;gap:4px;max-width:100%'>"
+              f"{''.join(boxes)}</div>"
+              f"<div style='font-size:0.8em;color:#555;margin-top:2px;{MONO_CSS}'>"
+              f"{html.escape(caption)}</div></div>")
+    text = "\n".join(filter(None, [title, caption, *lines]))
+    return Html(html=markup, text=text)

@@ -174,6 +174,20 @@ def optimizer(learning_rate: float = 3e-3, *, weight_decay: float = 0.01
     return optax.adamw(learning_rate, weight_decay=weight_decay)
 
 
+def against_uniform(loss: float, vocab: int) -> str:
+    """Words placing ``loss`` against ``log(vocab)``, the loss of a uniform guess over the
+    vocabulary: ``"above the 3.47 nats of a uniform guess"`` (or ``below``, or ``at``, two
+    decimals). An untrained model starts above it: its random logits guess unevenly, and when
+    the target is independent of the logits, ``logsumexp(z) >= log(vocab) + mean(z)`` makes
+    an uneven guess cost at least as much as an even one on average."""
+    loss = checks.real("loss", loss)
+    vocab = checks.count("vocab", vocab)
+    uniform = math.log(vocab)
+    where = "at" if f"{loss:.2f}" == f"{uniform:.2f}" else \
+        "above" if loss > uniform else "below"
+    return f"{where} the {uniform:.2f} nats of a uniform guess"
+
+
 def param_count(params: Params) -> int:
     """Number of parameters."""
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))

@@ -178,6 +178,14 @@ def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
     return n_experts * jnp.sum(share * jnp.mean(probs, axis=0))
 
 
+def router_aux_loss(router: jax.Array, x: jax.Array, *, top_k: int) -> jax.Array:
+    """:func:`load_balancing_loss` of a router on tokens ``x``, as a function of the router
+    weights alone (to differentiate: the top-k choice gives ``f_e`` no gradient, so the
+    gradient flows through the mean probabilities ``p_e``)."""
+    probs, expert, _ = _choose(router, x, top_k)
+    return load_balancing_loss(probs, expert)
+
+
 def _stats(kept: jax.Array, expert: jax.Array, n_experts: int, aux: jax.Array) -> Stats:
     per_expert = jnp.sum(jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)
                          * kept[..., None], axis=(0, 1))

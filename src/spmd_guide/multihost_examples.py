@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide import checks
 from spmd_guide.data import sharded_batches
+from spmd_guide.display import Table
 from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
 
 
@@ -303,6 +304,17 @@ def compare_to_reference(results: list[Any], reference: dict[str, Any]) -> list[
                          "loss": step["loss"], "1-process loss": reference["loss"],
                          "max |grad diff|": float(max(gaps))})
     return rows
+
+
+def reference_table(results: list[Any], reference: dict[str, Any]) -> Table:
+    """:func:`compare_to_reference` as a table to read: losses to 6 decimals (float32 holds
+    about 7 significant digits), the gradient gap in scientific notation, as Part IV's
+    check tables print them."""
+    return Table([{"process": row["process"], "strategy": row["strategy"],
+                   "loss": f"{row['loss']:.6f}",
+                   "1-process loss": f"{row['1-process loss']:.6f}",
+                   "largest |gradient difference|": f"{row['max |grad diff|']:.1e}"}
+                  for row in compare_to_reference(results, reference)])
 
 
 def max_difference(results: list[Any], reference: dict[str, Any]) -> float:

@@ -242,7 +242,9 @@ def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
     """A matplotlib figure: one horizontal bar chart per column of :func:`comparison_table`.
 
     Collectives per step are stacked by kind; bytes are in KiB; the step time bar is the median
-    with a line from the fastest to the slowest run. The sixth panel says what ran where.
+    with a line from the fastest to the slowest run. The key to the collective kinds' colours
+    sits above the first panel, at the left edge, where a phone showing only the left column
+    still shows it; the sixth panel says what ran where.
     Sized for the book's text column (two charts a row), no text under 8.5 pt (11 CSS px).
     """
     from spmd_guide.drawing import subplots
@@ -280,13 +282,18 @@ def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
         ax.tick_params(labelsize=8.5)
         ax.xaxis.get_offset_text().set_fontsize(8.5)
         ax.grid(axis="x", alpha=0.3)
+    # The colour key goes above the first panel, at the figure's left edge: a phone that shows
+    # only the left column of panels still shows it.
     handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[0].legend(handles, labels, loc="lower left", bbox_to_anchor=(-0.32, 1.12),
+                       ncol=2, fontsize=8.5, title="collective kinds (bar colours)",
+                       title_fontsize=9, alignment="left", frameon=False, borderaxespad=0,
+                       handlelength=1.2, columnspacing=1.0)
     axes[5].axis("off")
-    axes[5].legend(handles, labels, title="collective kinds", loc="upper left", fontsize=8.5,
-                   title_fontsize=9)
     if profiles:
-        axes[5].text(0.0, 0.0, "per device, one SGD step\ntimes measured on "
+        axes[5].text(0.0, 0.5, "per device, one SGD step;\ntimes measured on "
                      f"{profiles[0].step.device_kind} devices", transform=axes[5].transAxes,
-                     fontsize=8.5)
+                     fontsize=8.5, va="center")
     fig.tight_layout()
     return fig

@@ -211,8 +211,13 @@ def plot_rooflines(points: dict[str, roofline.Estimate | tuple[float, float]],
 
 
 def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, ylabel: str,
-                marks: dict[str, float] | None = None, logy: bool = True) -> Any:
-    """One line per curve over ``x`` (log x axis), optional horizontal marks (label -> y)."""
+                marks: dict[str, float] | None = None, logy: bool = True,
+                xticks: Sequence[float] | None = None) -> Any:
+    """One line per curve over ``x`` (log x axis), optional horizontal marks (label -> y).
+
+    ``xticks``: where to label the x axis, in plain numbers (say ``[2, 4, 8, 16, 32, 64]`` for
+    a range too short for the log axis's powers of ten); by default, matplotlib's choice.
+    """
     fig, ax = _axes((4.8, 3.8))
     for i, (label, values) in enumerate(curves.items()):
         ax.plot(x, values, label=label, color=f"C{i}", lw=1.6)
@@ -221,31 +226,63 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
         ax.text(x[0], level * (1.15 if logy else 1.02), label, fontsize=11, color="0.15")
     ax.set(xscale="log", yscale="log" if logy else "linear", xlabel=xlabel, ylabel=ylabel)
     _finish(ax)
+    if xticks is not None:
+        ax.set_xticks(list(xticks), [f"{t:g}" for t in xticks])
     ax.legend(fontsize=11, ncol=2, handlelength=1.2)
     fig.tight_layout()
     return fig
 
 
+#: The mark above each bar of :func:`plot_predictions`: which of the three times is longest.
+BOUND_MARKERS: dict[str, str] = {"compute": "o", "memory": "s", "communication": "^"}
+
+
 def plot_predictions(predictions: Sequence[Prediction]) -> Any:
-    """Predicted step time (ms, log) per strategy, one group of bars per chip; the bar's
-    hatch says which bound dominates."""
-    fig, ax = _axes((4.8, 5.0))
+    """Predicted step time (ms, log) per strategy, one group of bars per chip; a black mark
+    above each bar says which bound dominates (:data:`BOUND_MARKERS`). The key, strategies
+    then bounds, sits above the plot, clear of the bars."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     chips = list(dict.fromkeys(p.chip for p in predictions))
     names = list(dict.fromkeys(p.strategy for p in predictions))
-    hatch = {"compute": "", "memory": "//", "communication": ".."}
+    cols = 3
+    strategy_rows = -(-len(names) // cols)
+    fig, ax = plt.subplots(figsize=(4.8, 3.5 + 0.25 * (strategy_rows + 2)),
+                           layout="constrained")
+    ax.tick_params(labelsize=11)
+    ax.grid(alpha=0.3, which="major")
     width = 0.8 / len(names)
+    times = {(p.chip, p.strategy): p.estimate for p in predictions}
     for j, name in enumerate(names):
         for i, chip in enumerate(chips):
-            e = next(p.estimate for p in predictions if p.chip == chip and p.strategy == name)
-            ax.bar(i + j * width, e.step_s * 1e3, width, color=f"C{j}", hatch=hatch[e.bound],
-                   edgecolor="white", label=name if i == 0 else None)
+            e = times[chip, name]
+            x, top = i + j * width, e.step_s * 1e3
+            ax.bar(x, top, width, color=f"C{j}", edgecolor="white", linewidth=0.3)
+            ax.plot(x, top * 1.35, BOUND_MARKERS[e.bound], color="black", markersize=4.2,
+                    markeredgewidth=0)
     ax.set_xticks(np.arange(len(chips)) + 0.4 - width / 2, chips, rotation=40, ha="right")
-    top = max(p.estimate.step_s for p in predictions) * 1e3
-    ax.set(yscale="log", ylabel="predicted step (ms)", ylim=(None, top * 400))
-    ax.yaxis.label.set_fontsize(11)
-    ax.legend(fontsize=11, ncol=3, loc="upper center", handlelength=1.2, columnspacing=0.8,
-              title="solid: compute, //: memory,\n..: communication", title_fontsize=11)
-    fig.tight_layout()
+    low = min(p.estimate.step_s for p in predictions) * 1e3
+    high = max(p.estimate.step_s for p in predictions) * 1e3
+    ax.set(yscale="log", ylim=(low / 2, high * 2.5))
+    ax.set_ylabel("predicted step (ms)", fontsize=11)
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    # The key as a grid read row by row: strategies, padded to whole rows, then the bounds.
+    blank = Patch(color="none", label="")
+    entries = [Patch(color=f"C{j}", label=name) for j, name in enumerate(names)]
+    entries += [blank] * (strategy_rows * cols - len(names))
+    entries += [Line2D([], [], ls="", marker=m, color="black", markersize=6, label=b)
+                for b, m in BOUND_MARKERS.items()]
+    rows = len(entries) // cols
+    by_column = [entries[r * cols + c] for c in range(cols) for r in range(rows)]
+    fig.legend(handles=by_column, ncol=cols, fontsize=11, loc="outside upper left",
+               handlelength=1.0, handletextpad=0.4, columnspacing=0.9, frameon=False,
+               title="bar colour: strategy; mark above: the bound", title_fontsize=11,
+               alignment="left")
     return fig
 
 

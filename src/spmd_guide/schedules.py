@@ -245,7 +245,34 @@ def plot_bubble(stage_counts: list[int], *, max_microbatches: int = 32) -> objec
     return fig
 
 
+def idle_rows(schedule: Schedule) -> list[dict[str, int]]:
+    """Per stage: idle steps before its first operation, between its first and last, and
+    after its last, and their total."""
+    rows = []
+    for s in range(schedule.n_stages):
+        busy = np.nonzero(schedule.kind[:, s] != IDLE)[0]
+        first, last = int(busy[0]), int(busy[-1])
+        between = int(np.sum(schedule.kind[first:last + 1, s] == IDLE))
+        after = schedule.n_steps - 1 - last
+        rows.append({"stage": s, "idle before": first, "idle between": between,
+                     "idle after": after, "idle in all": first + between + after})
+    return rows
+
+
+def one_f_one_b_peak(n_stages: int, n_microbatches: int) -> list[int]:
+    """The most microbatches each stage holds at once under 1F1B, by rule:
+    ``min(M, S)`` on stage 0 and ``min(M, S - s + 1)`` on stage ``s >= 1``. Stage ``s`` runs
+    ``S - 1 - s`` warm-up forwards plus one before its first backward; a later stage also
+    holds the next microbatch, whose input arrives while it runs a backward."""
+    s_count = checks.count("n_stages", n_stages, maximum=checks.MAX_DEVICES)
+    m = checks.count("n_microbatches", n_microbatches, maximum=100_000)
+    return [min(m, s_count - s + (1 if s else 0)) for s in range(s_count)]
+
+
 def in_flight_rows(n_stages: int, n_microbatches: int) -> list[dict[str, int]]:
-    """Per stage: the most microbatches it holds at once under each schedule."""
+    """Per stage: the most microbatches it holds at once under each schedule, counted from
+    the tables, and :func:`one_f_one_b_peak`'s rule beside them."""
     peaks = {n: build_schedule(n, n_stages, n_microbatches).peak_in_flight() for n in SCHEDULES}
-    return [{"stage": s, **{n: int(p[s]) for n, p in peaks.items()}} for s in range(n_stages)]
+    rule = one_f_one_b_peak(n_stages, n_microbatches)
+    return [{"stage": s, **{n: int(p[s]) for n, p in peaks.items()}, "1f1b rule": rule[s]}
+            for s in range(n_stages)]

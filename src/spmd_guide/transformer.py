@@ -297,6 +297,16 @@ def _spec_text(spec: P) -> str:
     return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
 
 
+class StrategyCheck(dict):
+    """A row of :func:`check_strategy` (a plain dict to display) that also keeps the compiled
+    program's text (``.hlo``, for :func:`collective_breakdown`) and the two losses as floats
+    (``.loss``, ``.ref_loss``)."""
+
+    hlo: str = ""
+    loss: float = 0.0
+    ref_loss: float = 0.0
+
+
 @functools.cache
 def _reference_grad(config: Config) -> Callable[..., Any]:
     """``lm_loss`` and its gradient, jitted once per config (so pages compile it once)."""
@@ -323,13 +333,17 @@ def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Param
     grad_err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r))))
                    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads),
                                    strict=True))
-    return {"strategy": strategy.name,
+    row = StrategyCheck({
+            "strategy": strategy.name,
             "mesh": " x ".join(f"{k}={v}" for k, v in mesh.shape.items()),
             "|loss - ref|": f"{abs(float(loss) - float(ref_loss)):.1e}",
             "max |grad - ref|": f"{grad_err:.1e}",
             "grads in param layout": same,
             "collectives": ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "none",
-            "bytes sent": sum(op.bytes_sent for op in ops)}
+            "bytes sent": sum(op.bytes_sent for op in ops)})
+    row.hlo = compiled.as_text()
+    row.loss, row.ref_loss = float(loss), float(ref_loss)
+    return row
 
 
 def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
@@ -343,7 +357,7 @@ def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
         key = jax.tree_util.keystr(path)
         if "[1]" in key or any(f"[{j}]" in key for j in range(2, 64)):
             continue  # later blocks repeat block 0
-        rows.append({"parameter": key.replace("['blocks'][0]", "block")
+        rows.append({"parameter": key.replace("['blocks'][0]", "block.")
                      .replace("['", "").replace("']", "")}
                     | {name: _spec_text(s[i]) for name, s in specs.items()})
     return rows

@@ -35,11 +35,14 @@ QUESTIONS: dict[str, str] = {
 }
 
 #: The answers (leaves of the flowchart), by id: what to run and which book strategies do it.
+#: FSDP x TP is the transformer's ``fsdp_tp`` (Part VIII: ZeRO-3 over ``data``, Megatron pairs
+#: over ``model``). Part IV's ``auto_2d`` stores the state split as finely, but its weights and
+#: activations are split over different axes at each contraction, so it gathers far more.
 ANSWERS: dict[str, tuple[str, str]] = {
     "DP": ("Data parallel (DP)", "dp, auto_dp"),
     "DP x TP": ("2-D: data parallel x tensor parallel", "auto_dp_tp"),
     "FSDP": ("Fully sharded data parallel (FSDP)", "fsdp, auto_fsdp"),
-    "FSDP x TP": ("2-D: FSDP x tensor parallel", "auto_2d"),
+    "FSDP x TP": ("2-D: FSDP x tensor parallel", "Part VIII's fsdp_tp"),
     "none": ("Does not fit: add devices, or pipeline / offload / lower precision", "-"),
 }
 
@@ -83,7 +86,8 @@ class Recommendation:
 
     @property
     def book_strategies(self) -> str:
-        """The Part IV strategies (``spmd_guide.nn.STRATEGIES`` names) that lay a model out so."""
+        """The book's strategies that lay a model out so: names in Part IV's
+        ``spmd_guide.nn.STRATEGIES``, or Part VIII's transformer for FSDP x TP."""
         return ANSWERS[self.answer][1]
 
     def explain(self) -> str:

@@ -1,0 +1,160 @@
+"""What each collective of a compiled program carries: its pass, source line and mesh axis.
+
+XLA keeps, for every op it compiles, the JAX operation and the Python stack frame it came
+from (``op_name`` and ``stack_frame_id`` metadata, with source tables at the top of the
+module's text). :func:`collective_breakdown` reads them back, so a page can say *which line
+of the model* each all-reduce belongs to, forward or backward, and over which mesh axis,
+instead of guessing from buffer sizes (Part VIII).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from jax.sharding import Mesh
+
+from spmd_guide import checks, hlo
+
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def _source_tables(text: str) -> dict[str, dict[int, str]]:
+    """The numbered tables an HLO module's text starts with (source files, locations and
+    stack frames), which the ops' ``stack_frame_id`` metadata points into."""
+    tables: dict[str, dict[int, str]] = {name: {} for name in _TABLES}
+    section = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in tables:
+            section = stripped
+            continue
+        entry = re.match(r"(\d+) (.*)", stripped) if section else None
+        if entry:
+            tables[section][int(entry.group(1))] = entry.group(2)
+        elif stripped or (section and tables[section]):
+            section = None
+    return tables
+
+
+def _frames(tables: dict[str, dict[int, str]], frame: int) -> list[tuple[str, int, int]]:
+    """(file, line, column) of a stack frame and its parents, innermost first."""
+    chain, seen = [], set()
+    while frame in tables["StackFrames"] and frame not in seen:
+        seen.add(frame)
+        fields = dict(re.findall(r"(\w+)=(\d+)", tables["StackFrames"][frame]))
+        loc = dict(re.findall(r"(\w+)=(\d+)",
+                              tables["FileLocations"].get(int(fields["file_location_id"]), "")))
+        if "file_name_id" in loc:
+            name = tables["FileNames"].get(int(loc["file_name_id"]), "").strip('"')
+            chain.append((name, int(loc["line"]), int(loc["column"])))
+        frame = int(fields.get("parent_frame_id", frame))
+    return chain
+
+
+@functools.cache
+def _expressions(path: str) -> dict[tuple[int, int], str]:
+    """The largest expression that starts at each (line, column) of a Python file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[tuple[int, int], tuple[int, str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.expr) and not isinstance(node, (ast.Name, ast.Constant)):
+            text = ast.get_source_segment(source, node) or ""
+            where = (node.lineno, node.col_offset)
+            if "\n" not in text and len(text) > found.get(where, (-1, ""))[0]:
+                found[where] = (len(text), text)
+    return {where: text for where, (_, text) in found.items()}
+
+
+def _where(chain: list[tuple[str, int, int]], module: str) -> str:
+    """The expression of the innermost frame in ``module`` (file name), else the innermost."""
+    if not chain:
+        return "?"
+    inside = [frame for frame in chain if frame[0].rsplit("/", 1)[-1] == module]
+    path, line, column = (inside or chain)[0]
+    name = path.rsplit("/", 1)[-1]
+    return _expressions(path).get((line, column), f"{name}:{line}")
+
+
+def _pass(op_name: str) -> str:
+    """forward, backward, or both, from an op's ``op_name`` (``transpose(...)`` is the
+    backward pass; ops the compiler combined list their parts joined by ``:``)."""
+    backward = ["transpose(" in part for part in op_name.split(":")]
+    if all(backward):
+        return "backward"
+    return "forward + backward" if any(backward) else "forward"
+
+
+def _axes(groups: tuple[tuple[int, ...], ...], mesh: Mesh) -> str:
+    """The mesh axes along which an op's device groups (or permute pairs) vary."""
+    shape = tuple(mesh.devices.shape)
+    if not groups:
+        return ", ".join(mesh.axis_names)
+    varying = set()
+    for group in groups:
+        coords = [np.unravel_index(d, shape) for d in group]
+        varying |= {i for i in range(len(shape)) if len({c[i] for c in coords}) > 1}
+    return ", ".join(name for i, name in enumerate(mesh.axis_names) if i in varying) or "none"
+
+
+def _carries(op: hlo.Collective) -> str:
+    if len(op.buffers) > 3:
+        return f"{len(op.buffers)} arrays, {hlo.format_bytes(op.buffer_bytes)}"
+    return op.shape_text
+
+
+def collective_breakdown(text: str, mesh: Mesh | None = None, *,
+                         by: Sequence[str] = ("pass", "where"),
+                         module: str = "lm.py") -> list[dict[str, Any]]:
+    """The collectives of a compiled program grouped by where they come from, one row per
+    group, so a page can say what each one carries.
+
+    Each op is labelled from the program itself: ``pass`` (``forward``, ``backward``, or
+    ``forward + backward`` for an op the compiler combined from both) from its ``op_name``
+    metadata (the backward pass is JAX's ``transpose``); ``where``, the source expression in
+    the file ``module`` that its stack frame points at (a long one cut at 52 characters; an
+    op the compiler combined from several adds ``+ n more``: its other parts, such as the
+    gradients that ride in one all-reduce, come from other lines);
+    ``axis``, the axes of ``mesh`` along which its device groups vary. Rows group the ops
+    with equal ``by`` labels and kind, in program order, with the op count, the buffers each
+    op carries, and the bytes one device sends (ring model, :mod:`spmd_guide.hlo`).
+    """
+    for key in by:
+        checks.one_of("breakdown key", key, ("pass", "where", "axis"))
+    if "axis" in by:
+        checks.mesh("mesh", mesh)
+    tables = _source_tables(text)
+    groups: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for op in hlo.collectives_in_text(text):
+        meta = re.search(r'op_name="([^"]*)"(?:\s+stack_frame_id=(\d+))?', op.line)
+        chain = _frames(tables, int(meta.group(2))) if meta and meta.group(2) else []
+        op_name = meta.group(1) if meta else ""
+        where = _where(chain, module)
+        combined = op_name.count(":")  # ops the compiler merged into this one, beyond the first
+        more = f" + {combined} more" if combined else ""
+        limit = 52 - len(more)
+        where = (where if len(where) <= limit else where[:limit - 1] + "\u2026") + more
+        label = {"pass": _pass(op_name),
+                 "where": where,
+                 "axis": _axes(op.groups, mesh) if "axis" in by else ""}
+        key = tuple(label[k] for k in by) + (op.kind,)
+        row = groups.setdefault(key, {k: label[k] for k in by} | {
+            "collective": op.kind, "ops": 0, "each carries": [], "bytes sent": 0})
+        row["ops"] += 1
+        row["bytes sent"] += op.bytes_sent
+        if _carries(op) not in row["each carries"]:
+            row["each carries"].append(_carries(op))
+    rows = list(groups.values())
+    for row in rows:
+        shown = row["each carries"]
+        row["each carries"] = "; ".join(shown) if len(shown) <= 2 else f"{len(shown)} shapes"
+    return rows
