@@ -12,10 +12,6 @@ from __future__ import annotations
 import html
 import re
 
-from docutils import nodes
-from myst_nb.ext.glue.directives import PasteFigureDirective
-from myst_nb.ext.glue.domain import NbGlueDomain
-
 _ALT = re.compile(r"""\balt=(['"]).*?\1""", re.S)
 
 
@@ -27,21 +23,25 @@ def with_alt(markup: str, alt: str) -> str:
     return re.sub(r"<img\b", f"<img {value}", markup, count=1)
 
 
-class AltPasteFigure(PasteFigureDirective):
-    """``glue:figure`` whose ``:alt:`` reaches HTML outputs too."""
-
-    def run(self):
-        alt = self.options.get("alt")
-        result = super().run()
-        if alt:
-            for tree in result:
-                for raw in list(tree.findall(nodes.raw)):
-                    if raw.get("format") == "html" and "<img" in raw.astext():
-                        raw.replace_self(nodes.raw("", with_alt(raw.astext(), alt),
-                                                   format="html"))
-        return result
-
-
 def setup(app):
+    # Imported here so that with_alt (and its test) needs neither docutils nor myst-nb.
+    from docutils import nodes
+    from myst_nb.ext.glue.directives import PasteFigureDirective
+    from myst_nb.ext.glue.domain import NbGlueDomain
+
+    class AltPasteFigure(PasteFigureDirective):
+        """``glue:figure`` whose ``:alt:`` reaches HTML outputs too."""
+
+        def run(self):
+            alt = self.options.get("alt")
+            result = super().run()
+            if alt:
+                for tree in result:
+                    for raw in list(tree.findall(nodes.raw)):
+                        if raw.get("format") == "html" and "<img" in raw.astext():
+                            raw.replace_self(nodes.raw("", with_alt(raw.astext(), alt),
+                                                       format="html"))
+            return result
+
     NbGlueDomain.directives = {**NbGlueDomain.directives, "figure": AltPasteFigure}
     return {"parallel_read_safe": True, "parallel_write_safe": True}
