@@ -492,3 +492,25 @@ def test_xla_cpu_peak_memory_leaves_out_the_temporaries():
     stats = hlo.memory_per_device(lambda a: jnp.tanh(a @ a.T) @ a, x)
     assert stats.temp_bytes > 0
     assert abs(stats.xla_peak_bytes - (stats.argument_bytes + stats.output_bytes)) <= 64
+
+
+@pytest.mark.slow
+def test_fast_compile_leaves_counts_memory_and_results_unchanged():
+    """FAST_COMPILE skips only LLVM's optimization of the CPU code: the collectives, FLOPs,
+    bytes and memory analysis the book reads are those of the full compile."""
+    from spmd_guide import roofline, transformer
+
+    config = transformer.Config(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=1,
+                                seq_len=32)
+    strategy = transformer.STRATEGIES["tp"]
+    mesh = strategy.mesh(jax.devices())
+    params = transformer.init_params(jax.random.key(0), config)
+    params, tokens = strategy.shard(params, jnp.zeros((8, 33), jnp.int32), mesh)
+    lowered = jax.jit(jax.value_and_grad(strategy.loss(mesh, config))).lower(params, tokens)
+    full, fast = lowered.compile(), lowered.compile(hlo.FAST_COMPILE)
+    assert roofline.counts(fast) == roofline.counts(full)
+    assert hlo.memory_per_device(fast) == hlo.memory_per_device(full)
+    assert hlo.collectives_in_text(fast.as_text()) == hlo.collectives_in_text(full.as_text())
+    loss_full, _ = full(params, tokens)
+    loss_fast, _ = fast(params, tokens)
+    assert float(loss_fast) == pytest.approx(float(loss_full), rel=1e-6)

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spmd_guide import checks, nn, roofline
+from spmd_guide import checks, hlo, nn, roofline
 
 #: The MLP the page prices: widths of a transformer-sized feed-forward stack, and its batch.
 MLP_SIZES = (4096, 16384, 16384, 4096)
@@ -67,10 +67,6 @@ def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
 #: context (per-block counts scale with the layers; compile time does not).
 LM_CONFIG = dict(vocab=32768, d_model=1024, n_heads=16, d_ff=4096, n_layers=2, seq_len=2048)
 LM_BATCH = 16
-#: Compiler options that leave the optimized HLO (FLOPs, bytes, collectives) as it is and
-#: skip LLVM's optimization of the CPU code, which a program compiled only to be read never
-#: runs.
-FAST_CODEGEN = {"xla_backend_optimization_level": 0}
 
 
 def transformer_counts(name: str, *, batch: int = LM_BATCH,
@@ -102,9 +98,7 @@ def _transformer_counts(name: str, config: Any, batch: int,
     tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), jnp.int32,
                                   sharding=jax.sharding.NamedSharding(mesh, strategy.token_spec()))
     step = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)))
-    # XLA's HLO passes (what the counts read) run in full; only the CPU code generation is
-    # skipped, a third of the compile time (a test checks the counts are unchanged).
-    return roofline.counts(step.lower(params, tokens).compile(FAST_CODEGEN))
+    return roofline.counts(step.lower(params, tokens).compile(hlo.FAST_COMPILE))
 
 
 def transformer_big_arrays(*, batch: int = LM_BATCH, n_devices: int = 8,

@@ -322,7 +322,7 @@ def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Param
     p_sh = strategy.shardings(params, mesh)
     fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
                  out_shardings=(NamedSharding(mesh, P()), p_sh))
-    compiled = hlo.compile(fn, sp, st)
+    compiled = hlo.compile(fn, sp, st, compiler_options=hlo.FAST_COMPILE)
     loss, grads = compiled(sp, st)
     ops = hlo.collectives_in_text(compiled.as_text())
     kinds = {}
@@ -403,7 +403,8 @@ def memory_row(strategy: Strategy, devices: Sequence[jax.Device], config: Config
     state = jax.eval_shape(trainer.init, sp)
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                          state, trainer.state_shardings)
-    mem = hlo.memory_per_device(trainer.step, sp, state, st)
+    mem = hlo.memory_per_device(hlo.compile(trainer.step, sp, state, st,
+                                            compiler_options=hlo.FAST_COMPILE))
     pred = predicted_bytes(strategy, mesh, config, params, tokens.shape[0])
     held = _bytes_per_device(sp)
     opt = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
