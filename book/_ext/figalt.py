@@ -30,18 +30,26 @@ def setup(app):
     from myst_nb.ext.glue.domain import NbGlueDomain
 
     class AltPasteFigure(PasteFigureDirective):
-        """``glue:figure`` whose ``:alt:`` reaches HTML outputs too."""
+        """``glue:figure`` that remembers its ``:alt:`` on the figure node."""
 
         def run(self):
-            alt = self.options.get("alt")
             result = super().run()
-            if alt:
-                for tree in result:
-                    for raw in list(tree.findall(nodes.raw)):
-                        if raw.get("format") == "html" and "<img" in raw.astext():
-                            raw.replace_self(nodes.raw("", with_alt(raw.astext(), alt),
-                                                       format="html"))
+            for node in result:
+                if isinstance(node, nodes.figure) and self.options.get("alt"):
+                    node["spmd_alt"] = self.options["alt"]
             return result
 
-    NbGlueDomain.directives = {**NbGlueDomain.directives, "figure": AltPasteFigure}
+    def apply_alt(app, doctree, docname):
+        # myst-nb picks each output's mime type in a post-transform, after the directive
+        # ran: only now is the glued figure the raw HTML <img> whose alt text we replace.
+        for figure in doctree.findall(nodes.figure):
+            alt = figure.get("spmd_alt")
+            if not alt:
+                continue
+            for raw in list(figure.findall(nodes.raw)):
+                if raw.get("format") == "html" and "<img" in raw.astext():
+                    raw.replace_self(nodes.raw("", with_alt(raw.astext(), alt), format="html"))
+
+    app.add_directive_to_domain(NbGlueDomain.name, "figure", AltPasteFigure, override=True)
+    app.connect("doctree-resolved", apply_alt)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
