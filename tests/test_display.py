@@ -60,3 +60,12 @@ def test_table_from_tuples_and_float_format():
     assert table.rows == [{"what": "pi", "value": "3.14"}, {"what": "e", "value": "2.72"}]
     with pytest.raises(checks.InputError, match="3 cells"):
         Table.from_tuples(["a", "b"], [(1, 2, 3)])
+
+
+def test_listed_writes_an_english_list():
+    from spmd_guide.display import listed
+
+    assert listed(["a"]) == "a" and listed(("a", "b")) == "a and b"
+    assert listed(["a", "b", "c"]) == "a, b and c"
+    with pytest.raises(TypeError, match="non-empty list"):
+        listed("abc")

@@ -168,6 +168,14 @@ def wrap(text: str, *, width: int = 76) -> str:
     )
 
 
+def listed(items: Sequence[str]) -> str:
+    """Items as an English list for prose: ``"a"``, ``"a and b"``, ``"a, b and c"``."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not items:
+        raise checks.InputTypeError(f"items must be a non-empty list of words, got {items!r:.60}.")
+    words = [str(item) for item in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def error_of(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> str:
     """``"TypeName: message"`` of the exception ``fn(*args, **kwargs)`` raises.
 

@@ -20,6 +20,7 @@ from jax.sharding import Mesh, NamedSharding
 from spmd_guide import checks
 from spmd_guide.collective_matmul import FAMILY_SPECS, as_operand, check_shapes, variant
 from spmd_guide.collectives import axis_size
+from spmd_guide.display import listed
 
 
 @dataclass(frozen=True)
@@ -218,7 +219,7 @@ def amounts_in_words(named: Mapping[str, int], *, unit: str = "bytes") -> str:
     (first, amount), *others = amounts.items()
     parts = [f"`{first}` needs {amount:,} {unit}"] + [f"`{name}` {value:,}"
                                                      for name, value in others]
-    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return listed(parts)
 
 
 def _ring_of(steps: set[int]) -> int | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
 
-from spmd_guide.display import FONT_CSS, PALETTE, TEXT, Html
+from spmd_guide.display import FONT_CSS, PALETTE, TEXT, Html, listed
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,7 @@ def diagonal_steps(devices: Sequence[object], order: Sequence[int]) -> str:
         return "no step"
     words = [f"device {here} {'back ' if i == len(order) - 1 else ''}to device {there}"
              for i, here, there in far]
-    listed = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-    return f"{len(far)} step{'s' if len(far) > 1 else ''} (dashed red: {listed})"
+    return f"{len(far)} step{'s' if len(far) > 1 else ''} (dashed red: {listed(words)})"
 
 
 Point = tuple[float, float]
