@@ -4,7 +4,7 @@ Run: ``python benchmarks/audit_bad_inputs.py`` (8 CPU devices, about a minute).
 
 Each bad input is counted as
 
-- **clear**: it raised the package's own error (``spmd_guide.checks.InputError`` or
+- **clear**: it raised the package's own error (``spmd_guide.core.checks.InputError`` or
   ``InputTypeError``), whose message names the argument, the value, the rule and the fix;
 - **obscure**: it raised anything else (a deep JAX or NumPy error, a bare ``KeyError``);
 - **silent**: it returned, although the input is invalid.
@@ -35,19 +35,13 @@ import numpy as np  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from spmd_guide import (  # noqa: E402
-    api_changes,
-    collective_matmul,
-    collectives,
-    data,
-    hlo,
-    multihost,
-    multihost_examples,
-    prng,
-    show,
-    timing,
-)
-from spmd_guide.checks import InputError  # noqa: E402
+from spmd_guide.appendix import api_changes  # noqa: E402
+from spmd_guide.core import hlo, timing  # noqa: E402
+from spmd_guide.core.checks import InputError  # noqa: E402
+from spmd_guide.meshes import show  # noqa: E402
+from spmd_guide.multihost import multihost, multihost_examples  # noqa: E402
+from spmd_guide.randomness import data, prng  # noqa: E402
+from spmd_guide.shard_map import collective_matmul, collectives  # noqa: E402
 
 MODULES = [prng, data, multihost, multihost_examples, api_changes, timing, collectives,
            collective_matmul, show]

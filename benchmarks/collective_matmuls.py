@@ -6,9 +6,9 @@ overhead of each variant, not what overlap or a bidirectional ring buys on a
 real interconnect (see the chapter "Collective matmuls").
 
 Each variant is compiled once per size with its inputs already laid out as it
-needs, then timed with ``spmd_guide.timing.time_fn`` (first call excluded,
+needs, then timed with ``spmd_guide.core.timing.time_fn`` (first call excluded,
 median of ``--runs``). Bytes are what one device sends in the compiled program
-under the ring model (``spmd_guide.hlo``).
+under the ring model (``spmd_guide.core.hlo``).
 
     python benchmarks/collective_matmuls.py                  # default sizes
     python benchmarks/collective_matmuls.py --sizes 4096 8192 --dtype bfloat16
@@ -30,7 +30,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         choices=["float32", "bfloat16"])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", default=None, metavar="PATH",
-                        help="also save the table and its provenance (spmd_guide.results)")
+                        help="also save the table and its provenance (spmd_guide.core.results)")
     parser.add_argument("--cpu-devices", type=int, default=8,
                         help="CPU mock devices when there is no accelerator")
     return parser.parse_args(argv)
@@ -45,8 +45,10 @@ def main(argv: list[str]) -> int:
     import numpy as np
     from tabulate import tabulate
 
-    from spmd_guide import collective_matmul, environment_summary, hlo, ring_costs
-    from spmd_guide.timing import time_fn
+    from spmd_guide import environment_summary
+    from spmd_guide.core import hlo
+    from spmd_guide.core.timing import time_fn
+    from spmd_guide.shard_map import collective_matmul, ring_costs
 
     devices = jax.devices()
     ring = len(devices)
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> int:
                    colalign=("right", "left", "right", "right", "right",
                              "right", "right", "left")))
     if args.json:
-        from spmd_guide import results
+        from spmd_guide.core import results
 
         results.save(args.json, benchmark="Part III collective matmuls",
                      command=["benchmarks/collective_matmuls.py", *argv],

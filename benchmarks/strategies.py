@@ -3,8 +3,8 @@
 For each strategy in ``spmd_guide.nn.STRATEGIES`` the script lays out the same model and
 batch, compiles one training step (forward, backward, SGD update), and reports per device:
 the collectives in the compiled program, the bytes one device sends (ring model,
-``spmd_guide.hlo``), the parameter bytes it stores, the compiler's peak-memory bound, and the
-step time (``spmd_guide.timing.time_fn``: first call excluded, median of ``--runs``).
+``spmd_guide.core.hlo``), the parameter bytes it stores, the compiler's peak-memory bound, and the
+step time (``spmd_guide.core.timing.time_fn``: first call excluded, median of ``--runs``).
 
 With accelerators the mesh spans the first 8 of them; without, JAX is given 8 CPU mock
 devices, which share the host's cores: their times show overheads, not speedups.
@@ -33,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", default=None,
                         help="names from STRATEGIES (default: all)")
     parser.add_argument("--json", default=None, metavar="PATH",
-                        help="also save the table and its provenance (spmd_guide.results)")
+                        help="also save the table and its provenance (spmd_guide.core.results)")
     return parser.parse_args(argv)
 
 
@@ -44,7 +44,8 @@ def main(argv: list[str]) -> int:
     devices = ensure_devices(args.devices)  # before anything else touches JAX
     import jax
 
-    from spmd_guide import environment_summary, nn, profiling
+    from spmd_guide import environment_summary, nn
+    from spmd_guide.nn import profiling
 
     on_cpu = devices[0].platform == "cpu"
     layers = args.layers or ([256, 2048, 2048, 2048, 256] if on_cpu else [1024, 8192, 8192, 8192, 1024])
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
                            for p in profiles if p is not single)
         print(f"\nspeedup over one device (median / median; below 1 is slower): {ratios}")
     if args.json:
-        from spmd_guide import results
+        from spmd_guide.core import results
 
         results.save(args.json, benchmark="Part IV strategies, one SGD step", command=[
             "benchmarks/strategies.py", *argv], settings={

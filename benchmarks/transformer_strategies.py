@@ -1,9 +1,9 @@
 """Compare the Part VII transformer strategies on one AdamW training step at a larger size.
 
-For each strategy in ``spmd_guide.transformer.STRATEGIES``: the collectives of the compiled
-step, the bytes one device sends (ring model, ``spmd_guide.hlo``) beside the formula
+For each strategy in ``spmd_guide.transformer.transformer.STRATEGIES``: the collectives of the compiled
+step, the bytes one device sends (ring model, ``spmd_guide.core.hlo``) beside the formula
 (``predicted_comm_bytes``), parameter + optimizer-state bytes per device, the compiled
-program's peak-memory bound, and the step time (``spmd_guide.timing.time_fn``, first call
+program's peak-memory bound, and the step time (``spmd_guide.core.timing.time_fn``, first call
 excluded, median of ``--runs``).
 
 With accelerators the mesh spans the first 8 of them; without, JAX is given 8 CPU mock
@@ -33,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--strategies", nargs="+", default=None)
     parser.add_argument("--json", default=None, metavar="PATH",
-                        help="also save the table and its provenance (spmd_guide.results)")
+                        help="also save the table and its provenance (spmd_guide.core.results)")
     return parser.parse_args(argv)
 
 
@@ -45,8 +45,9 @@ def main(argv: list[str]) -> int:
     import jax
     from tabulate import tabulate
 
-    from spmd_guide import hlo, lm, transformer
-    from spmd_guide.timing import time_fn
+    from spmd_guide.core import hlo
+    from spmd_guide.core.timing import time_fn
+    from spmd_guide.transformer import lm, transformer
 
     config = lm.Config(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads,
                        d_ff=args.d_ff, n_layers=args.layers, seq_len=args.seq_len)
@@ -88,7 +89,7 @@ def main(argv: list[str]) -> int:
         print("CPU mock devices share the host's cores: times show overheads, not speedups.")
     print(tabulate(rows, headers="keys"))
     if args.json:
-        from spmd_guide import results
+        from spmd_guide.core import results
 
         results.save(args.json, benchmark="Part VIII transformer strategies, one AdamW step",
                      command=["benchmarks/transformer_strategies.py", *argv],

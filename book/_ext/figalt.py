@@ -1,7 +1,7 @@
 """``{glue:figure}`` honours its ``:alt:`` option for figures glued as HTML.
 
 myst-nb passes ``:alt:`` only to image outputs (PNG, SVG). The book's figures are glued as
-HTML (``spmd_guide.drawing`` shows every matplotlib figure as an SVG ``<img>`` with alt
+HTML (``spmd_guide.core.drawing`` shows every matplotlib figure as an SVG ``<img>`` with alt
 text of its own, so that it scales and stays readable), so the option was silently dropped
 and readers of screen readers heard the figure's fallback description. This extension
 writes the option into the pasted ``<img>``.

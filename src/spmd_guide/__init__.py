@@ -1,17 +1,17 @@
 """spmd_guide: the tested code behind the book *SPMD in JAX*.
 
-Each submodule holds one idea and backs one family of chapters; the README's module map
-lists them all. Two floors: the base (``checks``, ``devices``, ``display``, ``drawing``,
-``hlo_text``, ``hlo``, ``traced``, ``timing``) imports nothing from the Parts; each Part
-module imports the base and earlier Parts only.
+The package mirrors the book: ``spmd_guide.core`` is the base every page uses, and each
+folder of ``book/`` has a subpackage of the same name holding that topic's modules
+(``book/transformer/`` and ``spmd_guide.transformer``). Arrows point down only: ``core``
+imports no topic, and a topic imports ``core`` and earlier topics.
 
 Importing the package does not start JAX's backends, so ``ensure_devices`` can still
 choose how many CPU devices to create. In IPython (a notebook, the book's build) it makes
-matplotlib figures show as SVG with alt text (:func:`spmd_guide.drawing.use_svg_figures`).
+matplotlib figures show as SVG with alt text (:func:`spmd_guide.core.drawing.use_svg_figures`).
 """
 
-from spmd_guide.devices import ensure_devices, environment_summary
-from spmd_guide.drawing import use_svg_figures
+from spmd_guide.core.devices import ensure_devices, environment_summary
+from spmd_guide.core.drawing import use_svg_figures
 
 use_svg_figures()
 

@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from spmd_guide.api_changes import CHANGES, load, resolve, rows
+from spmd_guide.appendix.api_changes import CHANGES, load, resolve, rows
 
 EXPECTED_IN_0_10 = {
     "jax.sharding.PositionalSharding": "removed",
@@ -53,7 +53,7 @@ def test_rows_carry_the_installed_version():
 
 
 def test_html_table_has_a_row_and_an_example_per_change():
-    from spmd_guide.api_changes import table_html
+    from spmd_guide.appendix.api_changes import table_html
 
     html = table_html()
     assert html.count("<tr>") == 1 + 2 * len(CHANGES)
@@ -72,7 +72,7 @@ def test_an_entry_with_an_unknown_probe_kind_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 BAD_INPUT = [
     ("a typo'd package", lambda: resolve("jaxx.tree_map"), InputError, "never existed"),

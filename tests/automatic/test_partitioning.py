@@ -1,4 +1,4 @@
-"""Tests of spmd_guide.partitioning, and of every compiler fact the Part II chapters state.
+"""Tests of spmd_guide.automatic.partitioning, and of every compiler fact the Part II chapters state.
 
 Each claim the two chapters make about what the compiler did (output shardings, collective
 kinds, counts and group sizes, bytes sent) is pinned here, on the chapter's 8-device mesh
@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo, hlo_text, partitioning
-from spmd_guide.display import error_of
-from spmd_guide.timing import Timing, speedup
+from spmd_guide.automatic import partitioning
+from spmd_guide.core import checks, hlo, hlo_text
+from spmd_guide.core.display import error_of
+from spmd_guide.core.timing import Timing, speedup
 
 F32 = 4
 # (mesh shape over axes a/x and b/y) for 8, 4 and 2 devices

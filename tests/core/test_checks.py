@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core import checks
+from spmd_guide.core.checks import InputError, InputTypeError
 
 
 def test_errors_are_the_builtin_kinds_readers_catch():

@@ -7,8 +7,9 @@ import pytest
 from helpers import run_python
 from jax.sharding import AxisType
 
-from spmd_guide import checks, ensure_devices, environment_summary
-from spmd_guide.devices import build_mesh
+from spmd_guide import ensure_devices, environment_summary
+from spmd_guide.core import checks
+from spmd_guide.core.devices import build_mesh
 
 
 def test_returns_the_eight_devices_of_this_session(devices):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from spmd_guide import checks
-from spmd_guide.display import Table, error_of, wrap
+from spmd_guide.core import checks
+from spmd_guide.core.display import Table, error_of, wrap
 
 
 def test_table_renders_as_html_and_text_with_multiline_cells():
@@ -63,7 +63,7 @@ def test_table_from_tuples_and_float_format():
 
 
 def test_listed_writes_an_english_list():
-    from spmd_guide.display import listed
+    from spmd_guide.core.display import listed
 
     assert listed(["a"]) == "a" and listed(("a", "b")) == "a and b"
     assert listed(["a", "b", "c"]) == "a, b and c"

@@ -1,4 +1,4 @@
-"""spmd_guide.drawing: one palette and font stack, readable SVG figures with alt text, panels
+"""spmd_guide.core.drawing: one palette and font stack, readable SVG figures with alt text, panels
 and the TPU ring diagram (the panel pictures of collectives are tested in test_collectives)."""
 
 import ast
@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType
 
-from spmd_guide import collectives, drawing, hlo, profiling, ring_costs, show, tpu_ring
+from spmd_guide.core import drawing, hlo
+from spmd_guide.meshes import show, tpu_ring
+from spmd_guide.nn import profiling
+from spmd_guide.shard_map import collectives, ring_costs
 
 SOURCE = Path(drawing.__file__)
 
@@ -37,7 +40,7 @@ def test_drawing_is_a_base_module_and_the_one_palette():
     imported = {node.module for node in ast.walk(ast.parse(SOURCE.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.module}
     assert {name for name in imported if name.startswith("spmd_guide")} <= {
-        "spmd_guide.display", "spmd_guide.checks"}
+        "spmd_guide.core.display", "spmd_guide.core.checks"}
     assert show.PALETTE is drawing.PALETTE and collectives.device_color is drawing.device_color
     assert show.Html is drawing.Html and collectives.Panel is drawing.Panel
     assert show.tpu_v3_tray is tpu_ring.tpu_v3_tray

@@ -1,4 +1,4 @@
-"""Tests of spmd_guide.hlo: collectives, bytes (ring model) and memory of compiled programs.
+"""Tests of spmd_guide.core.hlo: collectives, bytes (ring model) and memory of compiled programs.
 
 Byte counts are computed here by hand from shapes and group sizes, never read back from the
 module under test. Parser tests use literal HLO so they hold even if the compiler changes.
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo, hlo_text
+from spmd_guide.core import checks, hlo, hlo_text
 
 F32 = 4
 ROWS, COLS = 16, 8  # the global test array: f32[16, 8] = 512 bytes
@@ -498,7 +498,8 @@ def test_xla_cpu_peak_memory_leaves_out_the_temporaries():
 def test_fast_compile_leaves_counts_memory_and_results_unchanged():
     """FAST_COMPILE skips only LLVM's optimization of the CPU code: the collectives, FLOPs,
     bytes and memory analysis the book reads are those of the full compile."""
-    from spmd_guide import roofline, transformer
+    from spmd_guide.rooflines import roofline
+    from spmd_guide.transformer import transformer
 
     config = transformer.Config(vocab=64, d_model=64, n_heads=8, d_ff=128, n_layers=1,
                                 seq_len=32)

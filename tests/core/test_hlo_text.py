@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_guide import checks, hlo, hlo_text
+from spmd_guide.core import checks, hlo, hlo_text
 
 DTYPES = ["f32", "bf16", "s32", "pred", "u8", "f16"]
 

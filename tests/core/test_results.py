@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from spmd_guide import results
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core import results
+from spmd_guide.core.checks import InputError, InputTypeError
 
 ROWS = [{"strategy": "dp", "sent/device": "1.0 MiB", "step (median)": "3.1 ms"},
         {"strategy": "tp", "sent/device": "2.0 MiB", "step (median)": "4.2 ms"}]
@@ -34,7 +34,7 @@ def test_round_trip_keeps_rows_and_says_where_they_came_from(tmp_path):
 
 def test_the_books_committed_results_load():
     from pathlib import Path
-    folder = Path(__file__).parents[1] / "benchmarks" / "results"
+    folder = Path(__file__).parents[2] / "benchmarks" / "results"
     for script in ("benchmarks/strategies.py", "benchmarks/collective_matmuls.py",
                    "benchmarks/transformer_strategies.py"):
         assert all(run.rows for run in results.load_all(folder, script=script))

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from spmd_guide.timing import beyond_cores, ratio_words, reading, time_fn, timing_table
+from spmd_guide.core.timing import beyond_cores, ratio_words, reading, time_fn, timing_table
 
 
 def test_counts_runs_and_names_the_hardware():
@@ -93,8 +93,8 @@ def test_reading_refuses_nonsense():
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
-from spmd_guide.timing import speedup  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.timing import speedup  # noqa: E402
 
 BAD_INPUT = [
     ("reading nan", lambda: reading(float("nan")), InputError, "finite"),

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import mesh_of
 
-from spmd_guide import checks, traced
+from spmd_guide.core import checks, traced
 
 
 def test_primitive_counts_include_nested_jaxprs():

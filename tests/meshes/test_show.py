@@ -1,4 +1,4 @@
-"""Tests for spmd_guide.show: the table and grid list exactly the devices and slices a spec implies.
+"""Tests for spmd_guide.meshes.show: the table and grid list exactly the devices and slices a spec implies.
 
 The expected layout is computed here independently of ``devices_indices_map``: a device at mesh
 coordinates ``c`` holds, along an array dimension split over mesh axes ``(n1, n2, ...)``, chunk
@@ -22,7 +22,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import show
+from spmd_guide.meshes import show
 
 
 def axis_group(entry: None | str | tuple[str, ...]) -> tuple[str, ...]:
@@ -376,7 +376,7 @@ def test_ring_diagram_draws_every_device():
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 
 def _sharded(n: int = 2):

@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from spmd_guide import drawing, tpu_ring
+from spmd_guide.core import drawing
+from spmd_guide.meshes import tpu_ring
 
 
 def test_ring_diagram_svg_has_a_title_and_readable_text():

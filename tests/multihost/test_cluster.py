@@ -12,8 +12,8 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import cluster
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.multihost import cluster
 
 SLURM = {"SLURM_JOB_ID": "12345", "SLURM_STEP_NODELIST": "node[001-004]", "SLURM_NTASKS": "4",
          "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}

@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from spmd_guide import multihost_examples
-from spmd_guide.multihost import (
+from spmd_guide.multihost import multihost_examples
+from spmd_guide.multihost.multihost import (
     LOOPBACK,
     ProcessFailed,
     ProcessResult,
@@ -26,7 +26,7 @@ from spmd_guide.multihost import (
     still_running,
 )
 
-EXAMPLES = "spmd_guide.multihost_examples"
+EXAMPLES = "spmd_guide.multihost.multihost_examples"
 
 
 def assert_nothing_left(results: list[ProcessResult]) -> None:
@@ -51,7 +51,7 @@ def assert_nothing_left(results: list[ProcessResult]) -> None:
             if int(fields[1]) == os.getpid():  # fields[1] is the parent's pid
                 with open(f"/proc/{entry}/cmdline", "rb") as cmd:
                     children.append(cmd.read().replace(b"\0", b" ").decode())
-        assert not [c for c in children if "spmd_guide.multihost" in c], children
+        assert not [c for c in children if "spmd_guide.multihost.multihost" in c], children
 
 
 # ------------------------------------------------------------------ arguments, before any launch
@@ -82,7 +82,7 @@ def _nested():
     ("no_such_module_xyz:main", "cannot import module 'no_such_module_xyz'"),
     (f"{EXAMPLES}:no_such_function", "has no function 'no_such_function'"),
     (f"{EXAMPLES}:LOOPBACK_NOT_THERE", "has no function"),
-    ("spmd_guide.multihost:LOOPBACK", "has no function 'LOOPBACK'"),
+    ("spmd_guide.multihost.multihost:LOOPBACK", "has no function 'LOOPBACK'"),
     ("misbehave", "target must be a function, 'package.module:function'"),
     (42, "target must be a function"),
     ("/no/such/script.py", "does not exist"),
@@ -274,7 +274,7 @@ def test_saved_problem_loads_back_exactly(tmp_path):
     (ValueError("boom"), 1), (KeyboardInterrupt(), 1),
 ])
 def test_a_process_exit_code_follows_how_its_target_ended(error, code, capsys):
-    from spmd_guide.multihost import _report
+    from spmd_guide.multihost.multihost import _report
 
     try:
         raise error
@@ -286,7 +286,7 @@ def test_a_process_exit_code_follows_how_its_target_ended(error, code, capsys):
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 BAD_INPUT = [
     ("still_running of a hand-made result", lambda: still_running(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from spmd_guide import multihost_examples
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.multihost import multihost_examples
 
 
 @pytest.fixture(scope="module")

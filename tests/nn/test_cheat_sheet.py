@@ -10,8 +10,9 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import cheat_sheet, nn
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide import nn
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.nn import cheat_sheet
 
 SIZES = [8, 16, 8]
 _LAYOUTS: dict = {}

@@ -1,4 +1,4 @@
-"""The one-device MLP of Part IV (spmd_guide.mlp): init, predict, losses, SGD, exercises."""
+"""The one-device MLP of Part IV (spmd_guide.nn.mlp): init, predict, losses, SGD, exercises."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo, nn
+from spmd_guide import nn
+from spmd_guide.core import checks, hlo
 
 
 def _numpy_predict(params, x):

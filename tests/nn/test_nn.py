@@ -1,6 +1,7 @@
 """spmd_guide.nn: the face of Part IV re-exports the model and the strategies, one way."""
 
-from spmd_guide import mlp, nn, strategies
+from spmd_guide import nn
+from spmd_guide.nn import mlp, strategies
 
 
 def test_names_are_the_defining_modules_own():

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from helpers import DEVICES
 
-from spmd_guide import checks, hlo, nn, profiling
+from spmd_guide import nn
+from spmd_guide.core import checks, hlo
+from spmd_guide.nn import profiling
 
 SIZES = [16, 32, 32, 16]
 

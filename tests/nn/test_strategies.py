@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from helpers import DEVICES
 
-from spmd_guide import checks, hlo, nn, strategies, traced
+from spmd_guide import nn
+from spmd_guide.core import checks, hlo, traced
+from spmd_guide.nn import strategies
 
 SIZES = [16, 64, 64, 64, 16]  # the book's sizes: first layer, a column/row pair, last layer
 BATCH = 64

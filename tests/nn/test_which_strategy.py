@@ -7,8 +7,8 @@ from helpers import DEVICES
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from spmd_guide import which_strategy
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.nn import which_strategy
 
 GIB = 2**30
 

@@ -6,7 +6,8 @@ import jax.numpy as jnp
 import pytest
 from helpers import mesh_of
 
-from spmd_guide import axes, checks, hlo, moe
+from spmd_guide.core import checks, hlo
+from spmd_guide.pipeline import axes, moe
 
 TOKENS, D = 32, 16
 
@@ -101,7 +102,7 @@ def test_bad_inputs():
 
 
 def _example():
-    """The model and mesh of book/part8/composing.md."""
+    """The model and mesh of book/pipeline/composing.md."""
     model = dict(n_layers=32, d_model=4096, d_ff=14336, seq_len=4096, n_experts=8, top_k=2,
                  capacity_factor=1.25)
     mesh = {"data": 2, "fsdp": 4, "pipeline": 4, "expert": 2, "tensor": 4}

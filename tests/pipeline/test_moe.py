@@ -12,7 +12,8 @@ from helpers import mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from spmd_guide import checks, hlo, moe
+from spmd_guide.core import checks, hlo
+from spmd_guide.pipeline import moe
 
 D_MODEL, D_FF, N_EXPERTS, TOKENS = 8, 16, 8, 32
 
@@ -209,7 +210,7 @@ def test_bad_inputs_raise_clear_errors(data):
 
 
 def test_chapter_exercises():
-    """The answers of book/part8/experts.md."""
+    """The answers of book/pipeline/experts.md."""
     assert moe.capacity(64, top_k=2, n_experts=8, capacity_factor=1.25) == 20
     kw = {"top_k": 2, "n_experts": 8, "capacity_factor": 1.25, "d_model": 16}
     assert moe.dispatch_slots(64, 8, top_k=2, n_experts=8, capacity_factor=1.25) == 8

@@ -10,8 +10,9 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, pipeline
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide.core import hlo
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.pipeline import pipeline
 
 LAYERS, WIDTH, BATCH = 8, 8, 24  # the chapter uses 8 x 128 and a batch of 256
 

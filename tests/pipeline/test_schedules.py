@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_guide import schedules
-from spmd_guide.checks import InputError, InputTypeError
-from spmd_guide.drawing import show_figure
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.core.drawing import show_figure
+from spmd_guide.pipeline import schedules
 
 sizes = st.tuples(st.sampled_from(schedules.SCHEDULES), st.integers(1, 8), st.integers(1, 12))
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import data
+from spmd_guide.randomness import data
 
 
 def _dataset(n: int, features: int = 3):
@@ -232,7 +232,7 @@ def test_exercise_seed_and_epoch_do_not_alias():
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 
 def _rows(n: int = 2):
@@ -311,7 +311,7 @@ def test_rows_by_device_shows_every_value_in_boxes_that_wrap():
 
 def test_loader_errors_are_value_errors():
     """sharded_data.md: the table shows InputError, a ValueError subclass."""
-    from spmd_guide.checks import InputError
+    from spmd_guide.core.checks import InputError
 
     assert issubclass(InputError, ValueError)
     with pytest.raises(InputError):

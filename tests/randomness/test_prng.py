@@ -10,7 +10,8 @@ from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, prng
+from spmd_guide.core import hlo
+from spmd_guide.randomness import prng
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,7 @@ def test_exercise_legacy_key_batch_shape():
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 _KEY = jax.random.key(0)
 BAD_INPUT = [

@@ -1,4 +1,4 @@
-"""Tests for spmd_guide.roofline: the chips file, the counts
+"""Tests for spmd_guide.rooflines.roofline: the chips file, the counts
 the compiled program gives against closed forms, predict's bound, the worked answers, and
 bad input."""
 
@@ -15,8 +15,10 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import hlo, nn, roofline
-from spmd_guide.checks import InputError, InputTypeError
+from spmd_guide import nn
+from spmd_guide.core import hlo
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.rooflines import roofline
 
 REQUIRED = {"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100-sxm", "h200", "b200"}
 

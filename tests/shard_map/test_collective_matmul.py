@@ -1,4 +1,4 @@
-"""Tests for spmd_guide.collective_matmul: the six ring matmuls, their programs, their errors.
+"""Tests for spmd_guide.shard_map.collective_matmul: the six ring matmuls, their programs, their errors.
 
 Correctness uses small integer operands (values in -2..2): every product and partial sum is
 then an integer far below 2**8, exact in bfloat16 and float32 alike, so any summation order
@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import collective_matmul, hlo, ring_costs
+from spmd_guide.core import hlo
+from spmd_guide.shard_map import collective_matmul, ring_costs
 
 NAMES = list(collective_matmul.VARIANTS)
 RINGS = ["allgather_overlapped", "allgather_bidi", "reduce_scatter_overlapped",
@@ -380,7 +381,7 @@ def test_the_notebooks_bidirectional_case_agrees_at_its_tolerance():
 
 # --------------------------------------------------------------------------- bad input, table
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 
 def _op(kind: str, pairs, nbytes: int = 16) -> hlo.Collective:

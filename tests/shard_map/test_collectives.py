@@ -1,4 +1,4 @@
-"""Tests for spmd_guide.collectives: every worked example against numpy on 2, 4 and 8 devices,
+"""Tests for spmd_guide.shard_map.collectives: every worked example against numpy on 2, 4 and 8 devices,
 the HLO each collective becomes (the chapter's table), the check_vma error, and the pictures."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from helpers import mesh_of
 from jax import P
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from spmd_guide import collectives, hlo
+from spmd_guide.core import hlo
+from spmd_guide.shard_map import collectives
 
 SIZES = (2, 4, 8)
 
@@ -339,7 +340,7 @@ def test_two_psums_compile_to_one_combined_all_reduce():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from spmd_guide.checks import InputError, InputTypeError  # noqa: E402
+from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 BAD_INPUT = [
     ("string x", lambda: collectives.global_sum("abc", mesh_of(2)), InputTypeError, "array"),

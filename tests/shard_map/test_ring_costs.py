@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from helpers import mesh_of
 
-from spmd_guide import checks, hlo, ring_costs
+from spmd_guide.core import checks, hlo
+from spmd_guide.shard_map import ring_costs
 
 
 @pytest.mark.parametrize("name", ["allgather", "reduce_scatter_bidi"])
@@ -89,7 +90,7 @@ def test_allgather_rings_hold_every_partial_product_until_the_last_addition():
     in the overlapped ring, 2n (one per half block) in the bidirectional one. With K = 2M the
     bidirectional ring's products are as large as the whole gathered rhs, and its
     temporaries exceed the plain gather's by the slices of lhs cut at the start."""
-    from spmd_guide.hlo_text import entry_instructions
+    from spmd_guide.core.hlo_text import entry_instructions
 
     m, k, n, ring = 16, 32, 24, 4
     rng = np.random.default_rng(2)

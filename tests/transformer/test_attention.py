@@ -9,8 +9,8 @@ from helpers import DEVICES, mesh_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_guide import attention
-from spmd_guide.attention import reference_attention, ring_attention
+from spmd_guide.transformer import attention
+from spmd_guide.transformer.attention import reference_attention, ring_attention
 
 _reference = jax.jit(reference_attention, static_argnames="causal")
 

@@ -9,8 +9,8 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import breakdown
-from spmd_guide.devices import build_mesh
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.transformer import breakdown
 
 
 def _matmul_loss(w, x):

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spmd_guide import lm
-from spmd_guide.lm import Config, init_params, lm_loss
+from spmd_guide.transformer import lm
+from spmd_guide.transformer.lm import Config, init_params, lm_loss
 
 CONFIG = Config(vocab=16, d_model=16, n_heads=8, d_ff=32, n_layers=1, seq_len=16)
 

@@ -11,8 +11,9 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import breakdown, hlo, lm, transformer
-from spmd_guide.transformer import STRATEGIES, Config, init_params, lm_loss
+from spmd_guide.core import hlo
+from spmd_guide.transformer import breakdown, lm, transformer
+from spmd_guide.transformer.transformer import STRATEGIES, Config, init_params, lm_loss
 
 CONFIG = Config(vocab=16, d_model=16, n_heads=8, d_ff=32, n_layers=1, seq_len=16)
 BATCH = 8

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jax
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 def resolve(dotted: str) -> str:

@@ -4,7 +4,7 @@ Part II lets ``jax.jit`` split the work from the shardings of its inputs. Each e
 is a few lines on purpose: the lesson is not the function but what the compiler made of it.
 :func:`partitioning` compiles a function once and returns the shardings that went in, the
 sharding that came out, and the collectives (with the bytes one device sends) that the
-compiler inserted, read by :mod:`spmd_guide.hlo`. :func:`partitioning_table` puts several
+compiler inserted, read by :mod:`spmd_guide.core.hlo`. :func:`partitioning_table` puts several
 of those side by side.
 """
 
@@ -22,11 +22,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo
-from spmd_guide.devices import build_mesh
-from spmd_guide.display import Table
-from spmd_guide.hlo_text import Instruction, entry_instructions
-from spmd_guide.timing import Timing, time_fn
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.core.display import Table
+from spmd_guide.core.hlo_text import Instruction, entry_instructions
+from spmd_guide.core.timing import Timing, time_fn
 
 # --------------------------------------------------------------------------- meshes and arrays
 
@@ -36,7 +36,7 @@ def auto_mesh(shape: Sequence[int] | int, names: Sequence[str], *,
     """A mesh whose axes are all Auto: the compiler picks what you leave open.
 
     ``jax.make_mesh`` makes Explicit axes by default. ``devices`` defaults to
-    the first ``prod(shape)`` of ``jax.devices()`` (:func:`spmd_guide.devices.build_mesh`).
+    the first ``prod(shape)`` of ``jax.devices()`` (:func:`spmd_guide.core.devices.build_mesh`).
     """
     return build_mesh(shape, names, devices=devices, axis_types="auto")
 
@@ -134,7 +134,7 @@ def ring_arithmetic(op: hlo.Collective) -> str:
     ``"2 × (4 − 1) / 4 × 16 B = 24 B"`` for an all-reduce of 16 bytes over 4 devices.
 
     All-reduce: twice (n − 1)/n of the buffer; all-gather, reduce-scatter, all-to-all: once;
-    collective-permute: the buffer itself (see :func:`spmd_guide.hlo.ring_bytes`).
+    collective-permute: the buffer itself (see :func:`spmd_guide.core.hlo.ring_bytes`).
     """
     if not isinstance(op, hlo.Collective):
         raise checks.InputTypeError(
@@ -167,7 +167,7 @@ class Partitioning:
 
     @property
     def bytes_sent(self) -> int:
-        """Bytes one device sends, ring model (see :mod:`spmd_guide.hlo`)."""
+        """Bytes one device sends, ring model (see :mod:`spmd_guide.core.hlo`)."""
         return sum(op.bytes_sent for op in self.ops)
 
     @property

@@ -15,13 +15,11 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
-
-T = TypeVar("T")
 
 #: More CPU mock devices than this makes JAX start slowly (10,000 took 31 s); more
 #: accelerators than this are not on one host.
@@ -280,7 +278,7 @@ def sharding(name: str, value: Any) -> jax.sharding.Sharding:
 # --------------------------------------------------------------------------- choices
 
 
-def one_of(name: str, value: Any, choices: Iterable[T] | Mapping[T, Any]) -> T:
+def one_of[T](name: str, value: Any, choices: Iterable[T] | Mapping[T, Any]) -> T:
     """``value`` if it is one of ``choices`` (a registry's keys, say)."""
     options = list(choices)
     try:

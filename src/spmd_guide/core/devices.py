@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import AxisType, Mesh
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 def _request_cpu_devices(n: int) -> bool:

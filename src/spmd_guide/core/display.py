@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 #: Paul Tol's "light" qualitative colour scheme, in his recommended order: told apart under the
 #: common colour-vision deficiencies, and light enough for dark text (:data:`TEXT`) on top

@@ -1,6 +1,6 @@
 """Every picture the book draws: one palette, one font stack, vector figures with alt text.
 
-A base module: it imports only :mod:`spmd_guide.display` (whose palette and fonts it
+A base module: it imports only :mod:`spmd_guide.core.display` (whose palette and fonts it
 uses, so device ``d`` has colour ``PALETTE[d % len(PALETTE)]`` on every page, in HTML grids
 and in matplotlib figures alike); the Part modules call it.
 
@@ -9,7 +9,7 @@ and in matplotlib figures alike); the Part modules call it.
   IPython show every figure that way; :func:`subplots` makes a figure that carries its alt text.
 - :class:`Panel` and :func:`draw_panels`: what each device holds at successive moments, the
   picture of every collective and collective matmul.
-The TPU ring picture of Part I lives in :mod:`spmd_guide.tpu_ring`, built on this module.
+The TPU ring picture of Part I lives in :mod:`spmd_guide.meshes.tpu_ring`, built on this module.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from spmd_guide.checks import InputTypeError
-from spmd_guide.display import (  # noqa: F401 - re-exported: the figures' palette and fonts
+from spmd_guide.core.checks import InputTypeError
+from spmd_guide.core.display import (  # noqa: F401 - re-exported: the figures' palette and fonts
     FONT_CSS,
     FONT_STACK,
     MONO_CSS,

@@ -1,7 +1,7 @@
 """What the compiler did: the collectives in a compiled program, the bytes they move, the memory.
 
 ``jax.jit(fn).lower(*args).compile().as_text()`` is the optimized HLO that runs on each
-device. :func:`compile` is the book's one compile step; :mod:`spmd_guide.hlo_text` is its one
+device. :func:`compile` is the book's one compile step; :mod:`spmd_guide.core.hlo_text` is its one
 parser. From the parsed program this module lists the collectives, once each: asynchronous
 pairs (``all-gather-start``/``-done``, ``all-reduce-start``/``-done``,
 ``collective-permute-start``/``-done``) count once, from the ``-start``, and tuple-shaped ops
@@ -42,9 +42,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from spmd_guide import checks
-from spmd_guide.display import Table, stack
-from spmd_guide.hlo_text import (
+from spmd_guide.core import checks
+from spmd_guide.core.display import Table, stack
+from spmd_guide.core.hlo_text import (
     _OPCODES,
     KINDS,
     Buffer,

@@ -2,7 +2,7 @@
 
 ``jax.jit(fn).lower(*args).compile().as_text()`` is the optimized HLO that runs on each
 device. This module parses that text properly rather than grepping it, and
-:mod:`spmd_guide.hlo` asks it what a program holds:
+:mod:`spmd_guide.core.hlo` asks it what a program holds:
 
 * Each line ``name = shape opcode(operands), attributes`` becomes an :class:`Instruction`;
   brackets are matched (balanced parentheses, braces and brackets, quotes skipped), so
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 __all__ = [
     "KINDS", "Buffer", "Instruction", "Module", "entry_computation", "entry_instructions",

@@ -2,7 +2,7 @@
 
 The scripts in ``benchmarks/`` run shapes too big for the book's build. With ``--json PATH``
 each one saves its table with the command that made it, the date, and the environment
-(:func:`spmd_guide.devices.environment_summary`), so a page that shows the table can say
+(:func:`spmd_guide.core.devices.environment_summary`), so a page that shows the table can say
 exactly what hardware and JAX produced every number in it.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spmd_guide import checks
-from spmd_guide.devices import Environment, environment_summary
-from spmd_guide.display import Table
+from spmd_guide.core import checks
+from spmd_guide.core.devices import Environment, environment_summary
+from spmd_guide.core.display import Table
 
 FIELDS = ("benchmark", "command", "date", "environment", "settings", "rows")
 
@@ -41,7 +41,7 @@ class Results:
         return words[1] if len(words) > 1 else ""
 
     def table(self, columns: Sequence[str] | None = None) -> Table:
-        """The rows as a :class:`~spmd_guide.display.Table`, optionally only ``columns``."""
+        """The rows as a :class:`~spmd_guide.core.display.Table`, optionally only ``columns``."""
         if columns is None:
             return Table(self.rows)
         for column in columns:

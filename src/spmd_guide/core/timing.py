@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What JAX traced: the primitives and collectives in a function's jaxpr.
 
-The jaxpr is the program *before* the compiler optimizes it (:mod:`spmd_guide.hlo` reads
+The jaxpr is the program *before* the compiler optimizes it (:mod:`spmd_guide.core.hlo` reads
 the program after). Comparing the two shows what the compiler merged or removed, e.g. the
 all-gathers that rematerialization asks for again in the backward pass.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 from jax.extend.core import jaxprs_in_params, subjaxprs
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 def primitive_counts(fn: Callable[..., Any], *args: Any) -> Counter[str]:

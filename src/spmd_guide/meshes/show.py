@@ -8,7 +8,7 @@ one coloured cell per block; ``devices_holding`` answers "who holds this element
 ``gallery`` tries many partition specs on many meshes at once, for the book's gallery page,
 and ``ring_diagram`` draws the order in which ``jax.make_mesh`` strings a TPU board's devices
 (on ``tpu_v3_tray`` stand-ins, since the book runs without one). The pictures' palette, fonts
-and the ring diagram live in :mod:`spmd_guide.drawing`.
+and the ring diagram live in :mod:`spmd_guide.core.drawing`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from tabulate import tabulate
 
-from spmd_guide import checks
-from spmd_guide.display import FONT_CSS as _FONT
-from spmd_guide.display import MONO_CSS as _MONO
-from spmd_guide.display import PALETTE, Html, side_by_side
-from spmd_guide.display import TEXT as _TEXT
-from spmd_guide.tpu_ring import (  # noqa: F401  (ring pictures: re-exported for the chapters)
+from spmd_guide.core import checks
+from spmd_guide.core.display import FONT_CSS as _FONT
+from spmd_guide.core.display import MONO_CSS as _MONO
+from spmd_guide.core.display import PALETTE, Html, side_by_side
+from spmd_guide.core.display import TEXT as _TEXT
+from spmd_guide.meshes.tpu_ring import (  # noqa: F401  (ring pictures: re-exported for the chapters)
     TrayDevice,
     ring_diagram,
     ring_hops,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
 
-from spmd_guide.display import FONT_CSS, PALETTE, TEXT, Html, listed
+from spmd_guide.core.display import FONT_CSS, PALETTE, TEXT, Html, listed
 
 
 @dataclass(frozen=True)

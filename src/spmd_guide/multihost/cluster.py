@@ -28,7 +28,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 def _registry() -> Any:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 LOOPBACK = "127.0.0.1"
 """The only address the launcher uses: coordinator, its listening socket and gloo all stay on it."""
@@ -276,7 +276,7 @@ def _run_all(spec_path: Path, workdir: Path, target: _Target, num_processes: int
             err = open(workdir / f"{index}.err", "w+b")
             files.append((out, err))
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "spmd_guide.multihost", str(spec_path), str(index)],
+                [sys.executable, "-m", "spmd_guide.multihost.multihost", str(spec_path), str(index)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                 start_new_session=True))  # its own process group, killed as a whole
         while True:
@@ -373,7 +373,7 @@ def _timeout(running: list[int], results: list[ProcessResult], target: _Target, 
 
 
 # ---------------------------------------------------------------------------------------------
-# Inside each launched process: `python -m spmd_guide.multihost SPEC PROCESS_ID`.
+# Inside each launched process: `python -m spmd_guide.multihost.multihost SPEC PROCESS_ID`.
 
 
 def _separate_native_stdout() -> None:

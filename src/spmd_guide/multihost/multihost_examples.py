@@ -1,4 +1,4 @@
-"""The programs Part VII runs in several processes at once, with :func:`spmd_guide.multihost.launch`.
+"""The programs Part VII runs in several processes at once, with :func:`spmd_guide.multihost.multihost.launch`.
 
 Every function here runs in *each* launched process, after ``jax.distributed.initialize``: the
 same code, a different ``jax.process_index()``. Each prints what its process sees (that is the
@@ -24,10 +24,10 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
-from spmd_guide.data import sharded_batches
-from spmd_guide.display import Table
+from spmd_guide.core import checks
+from spmd_guide.core.display import Table
 from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
+from spmd_guide.randomness.data import sharded_batches
 
 
 def describe_process(*, rows_per_device: int = 2) -> dict[str, Any]:
@@ -281,7 +281,7 @@ def single_process_step(*, problem: str, batch_size: int = 32, seed: int = 0) ->
 def compare_to_reference(results: list[Any], reference: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per process and strategy: its loss, the reference loss, the largest gradient gap.
 
-    ``results`` are the :class:`~spmd_guide.multihost.ProcessResult` of a
+    ``results`` are the :class:`~spmd_guide.multihost.multihost.ProcessResult` of a
     :func:`data_parallel_step` launch; ``reference`` is :func:`single_process_step`'s value.
     """
     if isinstance(results, (str, bytes)) or not isinstance(results, Sequence) or not all(

@@ -1,5 +1,13 @@
-"""Part IV in one import: the MLP of :mod:`spmd_guide.mlp` and the strategies of
-:mod:`spmd_guide.strategies` that train it on many devices.
+"""Part IV, neural-network parallelism (book/nn/), and its face in one import: the MLP of
+:mod:`spmd_guide.nn.mlp` and the strategies of :mod:`spmd_guide.nn.strategies` that train it
+on many devices.
+
+- `mlp`: the MLP, its losses, SGD with pinned layouts, a task to learn (nn/model).
+- `strategies`: the parallelism strategies, registry `STRATEGIES` (nn/auto_parallelism,
+  nn/manual_parallelism).
+- `profiling`: a strategy against the reference; one step's collectives, memory and time.
+- `cheat_sheet`: the PartitionSpec cheat sheet, read off compiled programs (nn/cheat_sheet).
+- `which_strategy`: the decision guide (nn/which_strategy).
 
     from spmd_guide.nn import STRATEGIES, init_mlp, mlp_loss
 
@@ -7,7 +15,7 @@ Each name is defined in one of those two modules and only re-exported here, so t
 dependencies run one way: ``nn`` -> ``strategies`` -> ``mlp``.
 """
 
-from spmd_guide.mlp import (
+from spmd_guide.nn.mlp import (
     Batch,
     LossFn,
     Params,
@@ -24,7 +32,7 @@ from spmd_guide.mlp import (
     sgd_update,
     train,
 )
-from spmd_guide.strategies import STRATEGIES, Strategy
+from spmd_guide.nn.strategies import STRATEGIES, Strategy
 
 __all__ = [
     "STRATEGIES", "Batch", "LossFn", "Params", "Strategy", "check_batch", "check_params",

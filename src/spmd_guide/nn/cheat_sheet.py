@@ -13,7 +13,7 @@ of, and reads back the layouts of what they return:
   parameters (AdamW's first and second moments ``mu`` and ``nu``), bare and with the layout
   pinned by :func:`pinned_init`;
 * memory and traffic: parameter bytes per device from the arrays' shards, collectives and
-  bytes sent per step from the compiled SGD step (:func:`spmd_guide.hlo.report`).
+  bytes sent per step from the compiled SGD step (:func:`spmd_guide.core.hlo.report`).
 
 Only the public face of a strategy is used (``name``, ``kind``, ``summary``, ``axis_names``,
 ``mesh``, ``shard``, ``loss``), so the sheet follows the strategies wherever they change.
@@ -30,8 +30,9 @@ import jax
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo, nn
-from spmd_guide.display import Table
+from spmd_guide import nn
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.display import Table
 
 #: The strategies the sheet covers, in the order it lists them: by family, manual before auto.
 SHEET_STRATEGIES: tuple[str, ...] = (
@@ -319,7 +320,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 
 
 def sheet_table(layouts: Sequence[Layout], *, part: str | None = None) -> Table:
-    """The sheet as a :class:`spmd_guide.display.Table`, one row per strategy.
+    """The sheet as a :class:`spmd_guide.core.display.Table`, one row per strategy.
 
     ``part="layout"``: the mesh and where the batch and parameters live; ``"compiled"``: the
     activations and gradients the compiled programs return, and parameter bytes per device;

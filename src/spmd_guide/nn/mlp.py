@@ -1,14 +1,14 @@
 """The model of Part IV: a ReLU MLP, its losses, plain SGD, and a synthetic task to learn.
 
 Everything here runs on one device and is the *reference* every parallel strategy of
-:mod:`spmd_guide.strategies` must reproduce. :mod:`spmd_guide.nn` is the face of Part IV
+:mod:`spmd_guide.nn.strategies` must reproduce. :mod:`spmd_guide.nn` is the face of Part IV
 that re-exports this module's names with the strategies.
 
 Shapes in docstrings use ``B`` for the batch size, ``d_in``/``d_out`` for the input and
 output widths and ``n_i`` for the width of layer boundary ``i``
 (``layer_sizes = [n_0, n_1, ..., n_L]``, ``n_0 = d_in``, ``n_L = d_out``).
 
-Every public function checks its arguments (:mod:`spmd_guide.checks`) from static facts
+Every public function checks its arguments (:mod:`spmd_guide.core.checks`) from static facts
 (types and shapes), so the checks also hold, for free, when the function runs under ``jit``.
 """
 
@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 #: ``[(W_0, b_0), ..., (W_{L-1}, b_{L-1})]`` with ``W_i: [n_i, n_{i+1}]`` and ``b_i: [n_{i+1}]``.
 Params = list[tuple[jax.Array, jax.Array]]

@@ -1,8 +1,8 @@
 """Part IV's measurements: a strategy against the one-device reference, and what one
 training step costs per device (collectives, bytes, memory, time), side by side.
 
-Every count comes from the compiled program of the whole step (:mod:`spmd_guide.hlo`);
-times from :mod:`spmd_guide.timing`, on whatever hardware the devices are.
+Every count comes from the compiled program of the whole step (:mod:`spmd_guide.core.hlo`);
+times from :mod:`spmd_guide.core.timing`, on whatever hardware the devices are.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from spmd_guide import checks, hlo
-from spmd_guide.display import Table
-from spmd_guide.mlp import Batch, Params, mlp_loss, param_bytes_per_device, train
-from spmd_guide.strategies import STRATEGIES, Strategy
-from spmd_guide.timing import Timing, time_fn
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.display import Table
+from spmd_guide.core.timing import Timing, time_fn
+from spmd_guide.nn.mlp import Batch, Params, mlp_loss, param_bytes_per_device, train
+from spmd_guide.nn.strategies import STRATEGIES, Strategy
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,10 @@ class StepProfile:
     """What one SGD step of a strategy costs per device, read from its compiled program.
 
     ``report`` holds the collectives and the compiler's memory analysis
-    (:func:`spmd_guide.hlo.report`); ``param_bytes`` is what one device stores of the
+    (:func:`spmd_guide.core.hlo.report`); ``param_bytes`` is what one device stores of the
     parameters; ``step`` is the measured wall-clock time of the whole step. ``peak_bytes``
     is the memory analysis' upper bound (arguments + outputs + temporaries, as if all were
-    live at once; see :class:`spmd_guide.hlo.MemoryStats`).
+    live at once; see :class:`spmd_guide.core.hlo.MemoryStats`).
     """
 
     strategy: str
@@ -150,8 +150,8 @@ def profile_step(
     one SGD step, measure it.
 
     The collectives, bytes and memory come from the one compiled program
-    (:func:`spmd_guide.hlo.report`); the time from
-    :func:`spmd_guide.timing.time_fn` (``runs`` timed calls after a compiling
+    (:func:`spmd_guide.core.hlo.report`); the time from
+    :func:`spmd_guide.core.timing.time_fn` (``runs`` timed calls after a compiling
     warm-up), on whatever hardware ``devices`` are.
     """
     strategy = _lookup(strategy)
@@ -247,7 +247,7 @@ def plot_comparison(profiles: Sequence[StepProfile]) -> Any:
     still shows it; the sixth panel says what ran where.
     Sized for the book's text column (two charts a row), no text under 8.5 pt (11 CSS px).
     """
-    from spmd_guide.drawing import subplots
+    from spmd_guide.core.drawing import subplots
 
     names = [p.strategy for p in profiles]
     rows = np.arange(len(profiles))

@@ -1,4 +1,4 @@
-"""Ways to train the MLP of :mod:`spmd_guide.mlp` on many devices, all behind one interface.
+"""Ways to train the MLP of :mod:`spmd_guide.nn.mlp` on many devices, all behind one interface.
 
 A :class:`Strategy` answers three questions, so one training loop can run any of them::
 
@@ -9,7 +9,7 @@ A :class:`Strategy` answers three questions, so one training loop can run any of
     step = strategy.sgd_step(mesh, params, learning_rate=0.01)
     params, loss = step(params, batch)                   # layouts stay as shard() made them
 
-``loss_fn`` and its gradient equal :func:`spmd_guide.mlp.mlp_loss` on one device (up to
+``loss_fn`` and its gradient equal :func:`spmd_guide.nn.mlp.mlp_loss` on one device (up to
 float rounding); only where the arithmetic runs and which collectives move data differ. The
 gradients come out in the parameters' own shardings, and ``sgd_step`` pins the updated
 parameters to them, so a layout never drifts from one step to the next.
@@ -39,9 +39,17 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
-from spmd_guide.devices import build_mesh
-from spmd_guide.mlp import Batch, LossFn, Params, check_batch, check_params, make_sgd_step, mlp_loss
+from spmd_guide.core import checks
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.nn.mlp import (
+    Batch,
+    LossFn,
+    Params,
+    check_batch,
+    check_params,
+    make_sgd_step,
+    mlp_loss,
+)
 
 Specs = list[tuple[P, P]]
 
@@ -160,7 +168,7 @@ class Strategy:
     def sgd_step(self, mesh: Mesh, params: Params, *, learning_rate: float,
                  donate: bool = False) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
         """The jitted SGD step on :meth:`loss`, with the new parameters pinned to
-        :meth:`param_shardings` (:func:`spmd_guide.mlp.make_sgd_step`; ``donate`` as there)."""
+        :meth:`param_shardings` (:func:`spmd_guide.nn.mlp.make_sgd_step`; ``donate`` as there)."""
         return make_sgd_step(self.loss(mesh), learning_rate=learning_rate,
                              param_shardings=self.param_shardings(params, mesh), donate=donate)
 
@@ -219,7 +227,7 @@ def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
 def _check_split(
     strategy: str, what: str, shape: tuple[int, ...], spec: P, mesh: Mesh, meanings: tuple[str, ...]
 ) -> None:
-    """The even-split check (:func:`spmd_guide.checks.divisible`) for each dimension that
+    """The even-split check (:func:`spmd_guide.core.checks.divisible`) for each dimension that
     ``spec`` shards; ``meanings`` names each dimension for the message."""
     for size, entry, meaning in zip(shape, spec, meanings, strict=False):
         axes = checks.spec_axes(entry)

@@ -3,7 +3,7 @@
 Two halves:
 
 * :func:`measure_traffic` compiles one SGD step of each Part IV strategy and reads from the
-  compiled program (:mod:`spmd_guide.hlo`) how many bytes one device sends, next to the bytes of
+  compiled program (:mod:`spmd_guide.core.hlo`) how many bytes one device sends, next to the bytes of
   parameters it holds: the numbers the guide's rules come from.
 * :func:`recommend` walks the guide's questions for *your* model (parameter bytes, device
   memory, global batch, device count) and returns the answer with the reasons in words;
@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import jax
 
-from spmd_guide import checks, hlo, nn
-from spmd_guide.display import Html, wrap
+from spmd_guide import nn
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.display import Html, wrap
 
 #: Bytes of training state per byte of parameters, before the optimizer: the parameters
 #: themselves and their gradients.
@@ -264,7 +265,7 @@ def measure_traffic(
     learning_rate: float = 0.01,
 ) -> list[Traffic]:
     """One :class:`Traffic` per strategy and batch size: the compiled SGD step's bytes sent
-    (ring model, :func:`spmd_guide.hlo.report`) and the parameter bytes each device holds."""
+    (ring model, :func:`spmd_guide.core.hlo.report`) and the parameter bytes each device holds."""
     names = [checks.one_of("strategy", n, nn.STRATEGIES) for n in names]
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batches = checks.counts("batch_sizes", batch_sizes)

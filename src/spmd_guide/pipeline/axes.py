@@ -19,7 +19,7 @@ expert      tokens to their experts and back (2 all-to-alls      all-to-all (+ a
 ==========  ====================================================  ==========================
 
 :func:`traffic` turns those rules into numbers with the ring model of
-:func:`spmd_guide.hlo.ring_bytes`; :func:`place_axes` puts the axes that move the most
+:func:`spmd_guide.core.hlo.ring_bytes`; :func:`place_axes` puts the axes that move the most
 bytes on the fast links inside a node. The small programs at the end (``*_program``) do one
 axis's collective on a real mesh, so the formulas can be checked against the compiled HLO.
 """
@@ -36,8 +36,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, moe
-from spmd_guide.hlo import ring_bytes
+from spmd_guide.core import checks
+from spmd_guide.core.hlo import ring_bytes
+from spmd_guide.pipeline import moe
 
 AXES = ("data", "fsdp", "pipeline", "tensor", "expert")
 
@@ -130,7 +131,7 @@ class AxisTraffic:
     what: str
 
     def row(self) -> dict[str, Any]:
-        from spmd_guide.hlo import format_bytes
+        from spmd_guide.core.hlo import format_bytes
 
         return {"axis": self.axis, "size": self.size, "collectives": self.collectives,
                 "ops per step": self.ops, "sent per device": format_bytes(self.bytes_sent),

@@ -30,8 +30,8 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
-from spmd_guide.hlo import ring_bytes
+from spmd_guide.core import checks
+from spmd_guide.core.hlo import ring_bytes
 
 Params = dict[str, jax.Array]
 Stats = dict[str, jax.Array]

@@ -7,7 +7,7 @@ Part IV's squared error (:func:`stack_loss`); the pipelined losses reproduce it 
 gradients.
 
 How a pipelined loss runs: inside ``jax.shard_map`` each device holds its stage's layers and
-executes a :class:`~spmd_guide.schedules.Schedule` step by step (a ``lax.scan`` over the
+executes a :class:`~spmd_guide.pipeline.schedules.Schedule` step by step (a ``lax.scan`` over the
 schedule's rows). At each step it runs what the table says for its stage -- the forward of a
 microbatch, its backward, or nothing -- and then two ``ppermute``s move the activation it
 produced to the next stage and the input gradient it produced to the previous one. A
@@ -32,10 +32,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo
-from spmd_guide.devices import build_mesh
-from spmd_guide.display import Table
-from spmd_guide.schedules import (  # noqa: F401  (re-exported: the Part's one face)
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.core.display import Table
+from spmd_guide.pipeline.schedules import (  # noqa: F401  (re-exported: the Part's one face)
     BACKWARD,
     FORWARD,
     IDLE,

@@ -3,7 +3,7 @@
 A pipeline splits a stack of layers into ``S`` *stages* (one per device) and a batch into ``M``
 *microbatches*. A schedule says, for every time step ``t`` and stage ``s``, whether that stage
 runs the forward pass of some microbatch, its backward pass, or nothing (an idle slot, the
-*bubble*). :func:`build_schedule` returns that table; :mod:`spmd_guide.pipeline` executes it and
+*bubble*). :func:`build_schedule` returns that table; :mod:`spmd_guide.pipeline.pipeline` executes it and
 the chapter draws it, so the picture and the program cannot disagree.
 
 Model of time: a forward and a backward step each take one time unit and a stage does one
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 #: The schedules :func:`build_schedule` knows.

@@ -44,8 +44,9 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from spmd_guide import checks, show
-from spmd_guide.display import MONO_CSS, PALETTE, TEXT, Html
+from spmd_guide.core import checks
+from spmd_guide.core.display import MONO_CSS, PALETTE, TEXT, Html
+from spmd_guide.meshes import show
 
 Dataset = Any
 """A pytree of NumPy arrays sharing their leading length (one row per example)."""
@@ -338,7 +339,7 @@ def rows_by_device(batch_leaf: jax.Array, *, title: str | None = None) -> Html:
     its values (at most :data:`VALUES_PER_BOX`, then ``...``). The boxes wrap onto new lines
     on a narrow screen instead of shrinking, so no value is ever cut off; ``str()`` gives the
     same as text. For a whole-array picture laid out like the array, see
-    :func:`spmd_guide.show.layout_grid`.
+    :func:`spmd_guide.meshes.show.layout_grid`.
     """
     if title is not None and not isinstance(title, str):
         raise checks.InputTypeError(f"title must be a string, got {title!r}.")

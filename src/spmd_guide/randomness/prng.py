@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 
 def add_uniform_noise(key: jax.Array, x: jax.Array) -> jax.Array:
@@ -71,7 +71,7 @@ def compare_modes(fn: Callable[..., Any], *args: Any
     setting is part of jit's cache key: each mode compiles its own
     program). Returns ``{False: ModeResult, True: ModeResult}``.
     """
-    from spmd_guide import hlo
+    from spmd_guide.core import hlo
 
     checks.function("fn", fn)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -106,7 +106,7 @@ def sampler(shape: tuple[int, ...], sharding: Sharding, *,
 
     Each device computes only its own block. In partitionable mode the
     values do not depend on ``sharding``: a key gives the same array on
-    one device or eight. Pass the function to ``spmd_guide.hlo`` to read
+    one device or eight. Pass the function to ``spmd_guide.core.hlo`` to read
     its compiled program. A shape that ``sharding`` cannot split evenly is
     refused here, not when the function is first called.
     """

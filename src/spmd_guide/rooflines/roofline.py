@@ -7,7 +7,7 @@ A step takes at least the largest of three times, each a count divided by a hard
 * **communication**: the bytes one device sends to others over the interconnect bandwidth.
 
 The counts come from the compiled program (XLA's cost analysis for FLOPs and bytes accessed,
-:func:`spmd_guide.hlo.communication_bytes` for the ring-model bytes sent); the rates come from
+:func:`spmd_guide.core.hlo.communication_bytes` for the ring-model bytes sent); the rates come from
 ``chips.toml`` beside this module, each with the page it was published on. The closed forms
 the Part derives (arithmetic intensity, critical batch sizes) are small functions here too, so
 the pages and the tests use the same arithmetic.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from spmd_guide import checks, hlo
+from spmd_guide.core import checks, hlo
 
 CHIPS_FILE = Path(__file__).with_name("chips.toml")
 
@@ -230,7 +230,7 @@ def critical_batch(chip: str | Chip, *, d: int | None = None, f: int | None = No
 def ring_time(buffer_bytes: float, n: int, chip: str | Chip, *, kind: str = "all-gather",
               link: str = "interconnect") -> float:
     """Seconds for a ring collective over ``n`` chips on a buffer of ``buffer_bytes`` (the
-    full, gathered size): the ring model's bytes sent (:func:`spmd_guide.hlo.ring_bytes`)
+    full, gathered size): the ring model's bytes sent (:func:`spmd_guide.core.hlo.ring_bytes`)
     over the chip's link bandwidth."""
     spec = get_chip(chip)
     kind = checks.one_of("kind", kind, ("all-gather", "reduce-scatter", "all-reduce"))

@@ -1,6 +1,7 @@
-"""What the rooflines pages show: the Part IV MLP and the Part VIII transformer priced per
-strategy and chip, the figures, and the worked problems, each answer computed from
-:mod:`spmd_guide.roofline`.
+"""What the rooflines pages show: the Part IV MLP priced per strategy and chip, predictions
+ranked per chip, the figures, and the worked problems, each answer computed from
+:mod:`spmd_guide.rooflines.roofline`. (The Part VIII transformer's counts live with the
+transformer, in :mod:`spmd_guide.transformer.pricing`.)
 
 The MLP's counts come from compiling each strategy's training step (value and gradient of its
 loss) for a model too big for CPU memory: a tiny model is sharded with the strategy's public
@@ -20,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spmd_guide import checks, hlo, nn, roofline
+from spmd_guide import nn
+from spmd_guide.core import checks
+from spmd_guide.rooflines import roofline
 
 #: The MLP the page prices: widths of a transformer-sized feed-forward stack, and its batch.
 MLP_SIZES = (4096, 16384, 16384, 4096)
@@ -63,57 +66,6 @@ def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
     return roofline.counts(step, big_params, big_batch)
 
 
-#: The transformer the page prices: GPT-2-medium widths, two of its blocks, a 2048-token
-#: context (per-block counts scale with the layers; compile time does not).
-LM_CONFIG = dict(vocab=32768, d_model=1024, n_heads=16, d_ff=4096, n_layers=2, seq_len=2048)
-LM_BATCH = 16
-
-
-def transformer_counts(name: str, *, batch: int = LM_BATCH,
-                       devices: Sequence[jax.Device] | None = None,
-                       **config: int) -> roofline.Counts:
-    """Per-device counts of one training step (loss and gradient) of the Part VIII strategy
-    ``name`` on a transformer of ``config`` (default :data:`LM_CONFIG`), compiled on
-    ``jax.ShapeDtypeStruct``s laid out as the strategy lays them out; nothing is run."""
-    from spmd_guide import transformer
-
-    checks.one_of("strategy", name, transformer.STRATEGIES)
-    batch = checks.count("batch", batch)
-    config = transformer.Config(**(LM_CONFIG | config))
-    return _transformer_counts(name, config, batch,
-                               tuple(jax.devices() if devices is None else devices))
-
-
-@functools.cache
-def _transformer_counts(name: str, config: Any, batch: int,
-                        devices: tuple[jax.Device, ...]) -> roofline.Counts:
-    from spmd_guide import transformer
-
-    strategy = transformer.STRATEGIES[name]
-    mesh = strategy.mesh(list(devices))
-    shapes = jax.eval_shape(functools.partial(transformer.init_params, config=config),
-                            jax.random.key(0))
-    params = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
-        leaf.shape, leaf.dtype, sharding=sharding), shapes, strategy.shardings(shapes, mesh))
-    tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), jnp.int32,
-                                  sharding=jax.sharding.NamedSharding(mesh, strategy.token_spec()))
-    step = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)))
-    return roofline.counts(step.lower(params, tokens).compile(hlo.FAST_COMPILE))
-
-
-def transformer_big_arrays(*, batch: int = LM_BATCH, n_devices: int = 8,
-                           **config: int) -> dict[str, int]:
-    """Bytes per device (float32) of the two largest activations of plain attention and the
-    output head, whatever the strategy: every strategy of Part VIII splits the batch, the
-    heads or the sequence ``n_devices`` ways. One layer's attention scores are
-    ``batch x heads x seq x seq``; the logits ``batch x seq x vocab``."""
-    c = LM_CONFIG | config
-    batch = checks.count("batch", batch)
-    n = checks.count("n_devices", n_devices)
-    return {"attention scores, one layer": 4 * batch * c["n_heads"] * c["seq_len"] ** 2 // n,
-            "logits": 4 * batch * c["seq_len"] * c["vocab"] // n}
-
-
 @dataclass(frozen=True)
 class Prediction:
     strategy: str
@@ -148,7 +100,7 @@ def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[s
 
 
 def chip_for(device: jax.Device) -> str | None:
-    """The key of :data:`~spmd_guide.roofline.CHIPS` for ``device`` (by its device kind),
+    """The key of :data:`~spmd_guide.rooflines.roofline.CHIPS` for ``device`` (by its device kind),
     or ``None`` when the chips file does not list it (a CPU, say)."""
     kind = str(getattr(device, "device_kind", "")).lower().replace(" ", "")
     names = {"h100": "h100-sxm", "h200": "h200", "b200": "b200", "tpuv4": "tpu-v4",

@@ -35,8 +35,8 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
-from spmd_guide.collectives import axis_size
+from spmd_guide.core import checks
+from spmd_guide.shard_map.collectives import axis_size
 
 Matmul = Callable[[Any, Any, Mesh, str], jax.Array]
 

@@ -13,11 +13,11 @@ This module holds
 - :func:`per_device_result`, which runs a kernel and returns what *every* device holds
   afterwards (the thing the pictures draw and the tests compare with numpy);
 - :func:`draw_collective`, the before/after picture of an example, drawn by
-  :func:`spmd_guide.drawing.draw_panels` (re-exported here with :class:`Panel`,
+  :func:`spmd_guide.core.drawing.draw_panels` (re-exported here with :class:`Panel`,
   :func:`device_color` and :data:`COMBINED`), which the collective matmul chapter reuses for
   its ring diagrams;
 - what the compiler makes of each example (:func:`hlo_rows`: HLO op, count, bytes per device
-  from :mod:`spmd_guide.hlo`) and how the ring cost grows with the devices
+  from :mod:`spmd_guide.core.hlo`) and how the ring cost grows with the devices
   (:func:`ring_scaling`);
 - the exercises' answers (:func:`mean_via_psum`, :func:`psum_in_two_steps`,
   :func:`global_positions`) and :func:`rows_to_columns` (a resharding by ``all_to_all``).
@@ -42,8 +42,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo
-from spmd_guide.drawing import (  # noqa: F401  (the pictures' vocabulary, re-exported)
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.drawing import (  # noqa: F401  (the pictures' vocabulary, re-exported)
     COMBINED,
     Panel,
     before_after,
@@ -459,9 +459,9 @@ def draw_collective(name: str, mesh: Mesh, *, axis_name: str = "x", **options: A
 def hlo_rows(mesh: Mesh, *, axis_name: str = "x") -> list[dict[str, Any]]:
     """One row per worked example: its HLO collectives, their count and bytes per device.
 
-    Counts and bytes come from the compiled program (:mod:`spmd_guide.hlo`): ``buffer`` is
+    Counts and bytes come from the compiled program (:mod:`spmd_guide.core.hlo`): ``buffer`` is
     the array the ring model charges, ``B`` its bytes, ``n`` the devices in the collective's
-    group and ``sent`` the bytes one device sends (:func:`spmd_guide.hlo.ring_bytes`).
+    group and ``sent`` the bytes one device sends (:func:`spmd_guide.core.hlo.ring_bytes`).
     """
     rows = []
     for name, ex in EXAMPLES.items():

@@ -1,6 +1,6 @@
 """What a compiled collective matmul costs, and the ring it runs on (Part III).
 
-:mod:`spmd_guide.collective_matmul` writes the six matmuls; this module compiles them once
+:mod:`spmd_guide.shard_map.collective_matmul` writes the six matmuls; this module compiles them once
 and reads the program: the bytes one device sends against the ring's lower bound, those
 bytes split by the direction they travel round the ring, and the schedule of which block
 each device holds at each step, which :func:`draw_ring` draws.
@@ -17,10 +17,10 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from spmd_guide import checks
-from spmd_guide.collective_matmul import FAMILY_SPECS, as_operand, check_shapes, variant
-from spmd_guide.collectives import axis_size
-from spmd_guide.display import listed
+from spmd_guide.core import checks
+from spmd_guide.core.display import listed
+from spmd_guide.shard_map.collective_matmul import FAMILY_SPECS, as_operand, check_shapes, variant
+from spmd_guide.shard_map.collectives import axis_size
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,9 @@ def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
 
 
 def collective_rows(ops: Sequence[Any]) -> list[dict[str, Any]]:
-    """Collectives of a program (``spmd_guide.hlo.collectives``) grouped by
+    """Collectives of a program (``spmd_guide.core.hlo.collectives``) grouped by
     kind and buffer: how many, bytes one device sends for each, in all."""
-    from spmd_guide.hlo import format_bytes
+    from spmd_guide.core.hlo import format_bytes
 
     _check_ops(ops)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -125,13 +125,13 @@ def memory_row(compiled: CompiledMatmul) -> dict[str, Any]:
     """What one device holds for a compiled variant: the largest single array the program
     makes (from its HLO: the gathered ``rhs`` of ``allgather``, one block for a ring) and
     the compiler's memory analysis (temporaries, and the peak bound of
-    :class:`spmd_guide.hlo.MemoryStats`).
+    :class:`spmd_guide.core.hlo.MemoryStats`).
 
     The largest array is what the *algorithm* needs at once; the temporaries add up every
     buffer the compiler's schedule keeps alive together, which may be more.
     """
-    from spmd_guide.hlo import format_bytes, memory_per_device
-    from spmd_guide.hlo_text import entry_instructions
+    from spmd_guide.core.hlo import format_bytes, memory_per_device
+    from spmd_guide.core.hlo_text import entry_instructions
 
     if not isinstance(compiled, CompiledMatmul):
         raise checks.InputTypeError(
@@ -151,7 +151,7 @@ def _matmul_steps(compiled: CompiledMatmul) -> list[tuple[Any, bool]]:
     """The entry computation's instructions in the order they run (compiled modules are
     scheduled, ``is_scheduled=true``), each with whether it is a matmul (a ``dot``, or a
     fusion that calls one)."""
-    from spmd_guide.hlo_text import parse_module, program_text
+    from spmd_guide.core.hlo_text import parse_module, program_text
 
     if not isinstance(compiled, CompiledMatmul):
         raise checks.InputTypeError(
@@ -232,12 +232,12 @@ def _ring_of(steps: set[int]) -> int | None:
 
 
 def _check_ops(ops: Any) -> None:
-    from spmd_guide.hlo import Collective
+    from spmd_guide.core.hlo import Collective
 
     if isinstance(ops, (str, bytes)) or not isinstance(ops, Sequence) or not all(
             isinstance(op, Collective) for op in ops):
         raise checks.InputTypeError(
-            f"ops must be a list of collectives from spmd_guide.hlo.collectives(fn, *args), "
+            f"ops must be a list of collectives from spmd_guide.core.hlo.collectives(fn, *args), "
             f"got {ops!r:.60}.")
 
 
@@ -309,13 +309,13 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
 
 def draw_ring(name: str, ring: int, **options: Any) -> Any:
     """Draw ``ring_schedule(name, ring)`` with
-    :func:`spmd_guide.drawing.draw_panels`; return the Figure.
+    :func:`spmd_guide.core.drawing.draw_panels`; return the Figure.
 
     One panel per step, one row per device; a cell is a block number,
     coloured as the device the block starts on (all-gather family) or ends
     on (reduce-scatter family). Arrows are the sends between steps.
     """
-    from spmd_guide.drawing import Panel, draw_panels
+    from spmd_guide.core.drawing import Panel, draw_panels
 
     steps = ring_schedule(name, ring)
     gather = name.startswith("allgather")

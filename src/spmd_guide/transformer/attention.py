@@ -23,7 +23,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks
+from spmd_guide.core import checks
 
 LAYOUTS = ("contiguous", "zigzag")
 _NEG = -1e30  # a finite "minus infinity", so fully masked rows give 0, never NaN

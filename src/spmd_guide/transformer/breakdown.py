@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from jax.sharding import Mesh
 
-from spmd_guide import checks, hlo
+from spmd_guide.core import checks, hlo
 
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -126,7 +126,7 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
     gradients that ride in one all-reduce, come from other lines);
     ``axis``, the axes of ``mesh`` along which its device groups vary. Rows group the ops
     with equal ``by`` labels and kind, in program order, with the op count, the buffers each
-    op carries, and the bytes one device sends (ring model, :mod:`spmd_guide.hlo`).
+    op carries, and the bytes one device sends (ring model, :mod:`spmd_guide.core.hlo`).
     """
     for key in by:
         checks.one_of("breakdown key", key, ("pass", "where", "axis"))

@@ -2,7 +2,7 @@
 
 Parameters are a plain pytree (dicts of arrays, one dict per block), so every leaf's sharding
 can be printed and pinned. The forward pass takes two hooks that the parallel strategies of
-:mod:`spmd_guide.transformer` fill in: ``constrain(x, kind)`` pins the layout of an activation
+:mod:`spmd_guide.transformer.transformer` fill in: ``constrain(x, kind)`` pins the layout of an activation
 (``kind`` is ``"residual"``, ``"heads"``, ``"hidden"`` or ``"logits"``) and ``attend(q, k, v)``
 replaces attention (ring attention for context parallelism). With the defaults it is the
 one-device reference.
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from spmd_guide import checks
-from spmd_guide.attention import reference_attention
+from spmd_guide.core import checks
+from spmd_guide.transformer.attention import reference_attention
 
 Params = dict[str, Any]
 

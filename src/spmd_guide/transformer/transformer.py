@@ -1,4 +1,4 @@
-"""Ways to train the transformer of :mod:`spmd_guide.lm` on many devices, behind one interface.
+"""Ways to train the transformer of :mod:`spmd_guide.transformer.lm` on many devices, behind one interface.
 
 The interface of Part IV::
 
@@ -10,7 +10,7 @@ The interface of Part IV::
 Every strategy is ``jax.jit`` with shardings on a mesh of ``AxisType.Auto`` axes: the strategy
 places the parameters and pins the layout of each activation (``constrain``), and the compiler
 writes the collectives. Context parallelism adds the one piece the compiler cannot invent,
-ring attention, written with ``jax.shard_map`` in :mod:`spmd_guide.attention`.
+ring attention, written with ``jax.shard_map`` in :mod:`spmd_guide.transformer.attention`.
 :func:`train_step` pins parameters and optimizer state to the layouts they came in with.
 """
 
@@ -27,10 +27,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide import checks, hlo
-from spmd_guide.attention import layout_positions, ring_attention_in_layout
-from spmd_guide.devices import build_mesh
-from spmd_guide.lm import (
+from spmd_guide.core import checks, hlo
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.transformer.attention import layout_positions, ring_attention_in_layout
+from spmd_guide.transformer.lm import (
     Config,
     Params,
     check_tokens,

@@ -1,0 +1,7 @@
+"""Part I, devices, meshes and shardings (book/meshes/).
+
+- `show`: where each piece of an array lives, as a text table, an HTML grid and a gallery
+  (every page of Part I, and later pages that show a layout).
+- `tpu_ring`: the device order of a TPU v2/v3 board and its ring diagram
+  (meshes/devices_and_meshes).
+"""

@@ -1,0 +1,19 @@
+"""Part VIII, a transformer at scale (book/transformer/).
+
+- `lm`: the decoder-only transformer and its counting task (every page of the Part).
+- `attention`: ring attention, contiguous and zig-zag (transformer/ring_attention).
+- `transformer`: the strategies (dp, fsdp, tp, tp_sp, cp, cp_zigzag, fsdp_tp) behind one
+  interface, and a pinned training step (every page of the Part).
+- `breakdown`: each collective of a compiled program by pass, source line and mesh axis.
+- `pricing`: the strategies compiled at GPT-2-medium widths for Part V's
+  rooflines/transformer page.
+
+The face re-exports the names of the book's public contract, so that
+``from spmd_guide.transformer import Config, init_params, lm_loss, STRATEGIES`` works; the
+chapters import the modules themselves.
+"""
+
+from spmd_guide.transformer.lm import Config, init_params, lm_loss
+from spmd_guide.transformer.transformer import STRATEGIES
+
+__all__ = ["STRATEGIES", "Config", "init_params", "lm_loss"]
