@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide.core import checks
 from spmd_guide.randomness import data
 
 
@@ -120,6 +121,23 @@ def test_len_counts_down():
     next(batches)
     assert len(batches) == 2
     assert len(list(batches)) == 2 and len(batches) == 0
+
+
+def test_skip_resumes_at_a_position_without_building_the_skipped_batches(monkeypatch):
+    sharding = _sharding()
+    whole = [_rows_in_order([b]) for b in data.sharded_batches(_dataset(40), 8, sharding, seed=3)]
+    batches = data.sharded_batches(_dataset(40), 8, sharding, seed=3)
+    next(batches)
+    assert batches.position == 1
+    built = []
+    monkeypatch.setattr(data, "_gather", lambda leaf, rows, s: built.append(rows) or leaf[rows])
+    assert batches.skip(2) is batches and batches.position == 3 and not built
+    monkeypatch.undo()
+    assert [_rows_in_order([b]) for b in batches] == whole[3:]
+    with pytest.raises(checks.InputError, match="at most 0"):
+        batches.skip(1)
+    with pytest.raises(checks.InputTypeError, match="integer"):
+        data.sharded_batches(_dataset(40), 8, sharding, seed=3).skip(1.0)
 
 
 @pytest.mark.parametrize(

@@ -74,6 +74,19 @@ class Batches(Iterator[Any]):
     def __len__(self) -> int:
         return len(self._selections) - self._next
 
+    @property
+    def position(self) -> int:
+        """How many batches of this epoch have been taken: with ``(seed, epoch)`` all a
+        checkpoint needs to resume the data (the order does not depend on the layout)."""
+        return self._next
+
+    def skip(self, n: int) -> Batches:
+        """Move past the next ``n`` batches without building them (resume at a saved
+        :attr:`position`); returns ``self``. ``n`` at most the batches left."""
+        n = checks.count("n", n, minimum=0, maximum=len(self))
+        self._next += n
+        return self
+
     def __iter__(self) -> Batches:
         return self
 
