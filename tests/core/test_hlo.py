@@ -153,16 +153,25 @@ def test_matmul_contracting_a_sharded_dimension_all_reduces_the_product():
 
 
 def test_partitioner_mesh_groups_match_shard_map_explicit_groups():
-    """The same reduction, spelled mesh[...] by the partitioner and {{...}} by shard_map."""
+    """The same reduction by the partitioner and by shard_map. JAX 0.10 printed the first
+    as mesh[...] {...} and the second as {{...}}; JAX 0.12 prints both with mesh axes,
+    `replica_groups=mesh['a'=4,'b'=2] {'a'}`. Explicit lists remain for groups that follow
+    no mesh axis (axis_index_groups); every spelling reads as the same device groups."""
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     x = jax.device_put(global_array(), NamedSharding(mesh, P("a", "b")))
     auto = hlo.collectives(lambda a: a.sum(axis=0), x)
     manual = hlo.collectives(
         smap(lambda a: jax.lax.psum(a, "a"), mesh, P("a", "b"), P(None, "b")), global_array())
     assert [op.kind for op in auto] == [op.kind for op in manual] == ["all-reduce"]
-    assert "replica_groups=mesh[" in auto[0].line and "replica_groups={{" in manual[0].line
+    for op in auto + manual:
+        assert hlo_text.replica_groups_text(op.line) == "mesh['a'=4,'b'=2] {'a'}", op.line
     assert auto[0].groups == manual[0].groups == ((0, 2, 4, 6), (1, 3, 5, 7))
     assert auto[0].bytes_sent == 2 * 3 * (COLS // 2 * F32) // 4
+    listed = hlo.collectives(
+        smap(lambda a: jax.lax.psum(a, "x", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]),
+             mesh_of(8), P("x"), P("x")), jnp.ones(8))
+    assert [hlo_text.replica_groups_text(op.line) for op in listed] == ["{{0,1,2,3},{4,5,6,7}}"]
+    assert listed[0].groups == ((0, 1, 2, 3), (4, 5, 6, 7)) and listed[0].group_size == 4
 
 
 def test_explicit_axes_reshard_all_gathers():

@@ -56,6 +56,7 @@ from spmd_guide.core.hlo_text import (
     parse_replica_groups,
     program_text,
     reachable,
+    replica_groups_text,
 )
 
 __all__ = [
@@ -154,13 +155,8 @@ def _replica_groups(instruction: Instruction, module: Module
                     ) -> tuple[int, tuple[tuple[int, ...], ...]]:
     """(group size, groups) of a collective; ``{}`` or no groups means one group of all."""
     attrs = instruction.attributes
-    match = re.search(r"replica_groups=", attrs)
-    if match is None:
-        groups: tuple[tuple[int, ...], ...] = ()
-    elif attrs.startswith("mesh[", match.end()):  # runs through `, device_ids=(...) {axes}`
-        groups = parse_replica_groups(attrs[match.end():attrs.index("}", match.end()) + 1])
-    else:
-        groups = parse_replica_groups(_attribute_value(attrs, match.end()))
+    value = replica_groups_text(attrs)
+    groups = parse_replica_groups(value) if value is not None else ()
     if groups:
         sizes = {len(g) for g in groups}
         if len(sizes) > 1:

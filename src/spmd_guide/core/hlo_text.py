@@ -9,8 +9,14 @@ device. This module parses that text properly rather than grepping it, and
   operands and tuple shapes that contain parentheses are read whole.
 * Shapes become :class:`Buffer` s (``f32[4,8]``, tuples flattened).
 * ``replica_groups`` are read in all three spellings: explicit lists
-  ``{{0,1,2,3},{4,5,6,7}}``, iota ``[2,4]<=[8]`` (or ``[2,4]<=[4,2]T(1,0)``), and the
-  partitioner's ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}``.
+  ``{{0,1,2,3},{4,5,6,7}}``, iota ``[2,4]<=[8]`` (or ``[2,4]<=[4,2]T(1,0)``), and mesh axes
+  ``mesh['a'=4,'b'=2] {'a'}`` (sub-axes ``{'a':(2)2}``, a device order ``device_ids=(...)``).
+  In JAX 0.10 only the partitioner's own collectives used the mesh spelling and
+  ``shard_map``'s printed explicit lists; in JAX 0.12 both print mesh axes wherever the
+  groups follow them (explicit lists remain for groups that do not, such as
+  ``axis_index_groups``).
+* GSPMD's tile notation for a sharding, ``{devices=[2,4]<=[4,2]T(1,0)}``, is read by
+  :func:`parse_tile_assignment`: which device holds which tile.
 * Only computations reachable from ``ENTRY`` (through ``calls=``, ``to_apply=``, ``body=``,
   ``condition=``, branches, ...) are visited, each once.
 """
@@ -29,8 +35,9 @@ from spmd_guide.core import checks
 
 __all__ = [
     "KINDS", "Buffer", "Instruction", "Module", "entry_computation", "entry_instructions",
-    "lines_with", "parse_module", "same_program", "parse_replica_groups", "parse_shape", "program_text",
-    "reachable",
+    "lines_with", "parse_module", "same_program", "parse_replica_groups", "parse_shape",
+    "differing_lines", "parse_tile_assignment", "program_text", "reachable",
+    "replica_groups_text",
 ]
 
 KINDS: tuple[str, ...] = (
@@ -229,6 +236,59 @@ def parse_replica_groups(text: str) -> tuple[tuple[int, ...], ...]:
     if mesh:
         return _mesh_groups(mesh)
     raise ValueError(f"cannot read replica_groups={text!r}")
+
+
+def replica_groups_text(attributes: str) -> str | None:
+    """The value of ``replica_groups=`` in an instruction's attributes, whatever its
+    spelling (a mesh value runs through its ``{axes}``), or None when there is none."""
+    if not isinstance(attributes, str):
+        raise checks.InputTypeError(
+            f"replica_groups_text needs an instruction's attribute text, got {attributes!r:.60}.")
+    match = re.search(r"replica_groups=", attributes)
+    if match is None:
+        return None
+    if attributes.startswith("mesh[", match.end()):  # through `, device_ids=(...) {axes}`
+        return attributes[match.end():attributes.index("}", match.end()) + 1]
+    return _attribute_value(attributes, match.end())
+
+
+_TILES = re.compile(
+    r"^\{?\s*devices=\[(?P<dims>[\d,]+)\](?P<ids>[^ }]*)(?P<rest>[^}]*)\}?$")
+
+
+def parse_tile_assignment(text: str) -> np.ndarray:
+    """Which device holds which tile, from GSPMD's sharding notation.
+
+    ``{devices=[2,4]<=[4,2]T(1,0)}`` cuts the array into 2 x 4 tiles. The part after
+    ``<=`` is not a list of devices: it says how to write the device ids 0..n-1 (an *iota*):
+    reshape ``arange(8)`` to ``[4,2]`` and transpose it by ``(1,0)``; that array, read in
+    order, fills the ``[2,4]`` grid of tiles. Older programs list the ids instead
+    (``devices=[2,4]0,2,4,6,1,3,5,7``). With ``last_tile_dim_replicate`` the last entry of
+    the dimensions counts copies of each tile. Returns an integer array of the tile grid's
+    shape (copies last).
+
+    >>> parse_tile_assignment("{devices=[2,4]<=[4,2]T(1,0)}").tolist()
+    [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    if not isinstance(text, str):
+        raise checks.InputTypeError(
+            f"parse_tile_assignment needs HLO sharding text, got {text!r:.60}.")
+    match = _TILES.match(text.strip())
+    if not match:
+        raise ValueError(
+            f"cannot read the tile assignment {text!r}: expected GSPMD's notation such as "
+            "{devices=[2,4]<=[4,2]T(1,0)} ({replicated} and {maximal ...} have no tiles).")
+    dims = _ints(match["dims"])
+    ids = match["ids"].strip()
+    if ids.startswith("<="):
+        devices = _device_list(ids[2:], math.prod(dims))
+    else:
+        devices = np.array(_ints(ids))
+        if devices.size != math.prod(dims):
+            raise ValueError(
+                f"the tile assignment {text!r} lists {devices.size} devices for "
+                f"{math.prod(dims)} tiles.")
+    return devices.reshape(dims)
 
 
 # --------------------------------------------------------------------------- HLO text
@@ -446,12 +506,42 @@ def entry_computation(text: str | jax.stages.Compiled) -> str:
     return "\n".join(lines)
 
 
+def _groups_written_out(line: str) -> str:
+    """``line`` with its ``replica_groups=`` value, in whatever spelling, written as the
+    explicit list of device groups it names."""
+    value = replica_groups_text(line)
+    if value is None:
+        return line
+    groups = parse_replica_groups(value)
+    explicit = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+    return line.replace(f"replica_groups={value}", f"replica_groups={explicit}", 1)
+
+
 def same_program(first: str | jax.stages.Compiled, second: str | jax.stages.Compiled) -> bool:
-    """Whether two compiled programs have the same entry computation, up to the numbering
-    XLA gives instruction and computation names (``%all-gather.1`` vs ``%all-gather.3``)."""
+    """Whether two compiled programs have the same entry computation: the same instructions
+    on the same device groups, up to the numbering XLA gives names (``%all-gather.1`` vs
+    ``%all-gather.3``) and the spelling of replica groups (``mesh['x'=4,'y'=2] {'x'}``,
+    ``mesh['axis_0'=4,'axis_1'=2] {'axis_0'}`` and ``{{0,2,4,6},{1,3,5,7}}`` name the
+    same groups)."""
     number = re.compile(r"(?<=[\w\-])\.\d+\b")
-    return (number.sub("", entry_computation(first))
-            == number.sub("", entry_computation(second)))
+
+    def canonical(program: str | jax.stages.Compiled) -> list[str]:
+        return [number.sub("", _groups_written_out(line))
+                for line in entry_computation(program).splitlines()]
+
+    return canonical(first) == canonical(second)
+
+
+def differing_lines(first: str | jax.stages.Compiled, second: str | jax.stages.Compiled
+                    ) -> list[tuple[str, str]]:
+    """The pairs of entry-computation lines (numbering of names aside) that two programs
+    spell differently, in order; ``[]`` when the texts agree line for line."""
+    number = re.compile(r"(?<=[\w\-])\.\d+\b")
+    a, b = (entry_computation(p).splitlines() for p in (first, second))
+    if len(a) != len(b):
+        return list(zip(a, b, strict=False)) or [("\n".join(a), "\n".join(b))]
+    return [(x.strip(), y.strip()) for x, y in zip(a, b, strict=True)
+            if number.sub("", x) != number.sub("", y)]
 
 
 def lines_with(text: str | jax.stages.Compiled, *needles: str) -> list[str]:
