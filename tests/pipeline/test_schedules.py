@@ -92,16 +92,48 @@ def test_rows_and_drawing():
     assert len(fig.axes[0].patches) == plan.n_steps * plan.n_stages
 
 
+_PLAN = schedules.build_schedule("gpipe", 2, 3)
+
+
 @pytest.mark.parametrize(("call", "error", "word"), [
     (lambda: schedules.build_schedule("zigzag", 4, 4), InputError, "schedule"),
     (lambda: schedules.build_schedule("gpipe", 0, 4), InputError, "n_stages"),
     (lambda: schedules.build_schedule("gpipe", 4, 0), InputError, "n_microbatches"),
+    (lambda: schedules.build_schedule("gpipe", 4, -3), InputError, "at least 1"),
+    (lambda: schedules.build_schedule("gpipe", 4, float("nan")), InputTypeError, "integer"),
+    (lambda: schedules.build_schedule("gpipe", "4", 4), InputTypeError, "n_stages"),
     (lambda: schedules.bubble_fraction("1f1b", 4, 2.5), InputTypeError, "integer"),
+    (lambda: schedules.bubble_fraction(None, 4, 2), InputError, "schedule"),
     (lambda: schedules.closed_form_bubble(True, 4), InputTypeError, "n_stages"),
+    (lambda: schedules.closed_form_bubble(4, 0), InputError, "n_microbatches"),
+    (lambda: schedules.one_f_one_b_peak(0, 4), InputError, "n_stages"),
+    (lambda: schedules.in_flight_rows(4, "8"), InputTypeError, "n_microbatches"),
+    (lambda: schedules.bubble_rows(4, "12"), InputTypeError, "microbatches"),
+    (lambda: schedules.bubble_rows(4, [1, 0]), InputError, r"microbatches\[1\]"),
+    (lambda: schedules.bubble_rows(0, [1]), InputError, "n_stages"),
+    (lambda: schedules.plot_bubble(2), InputTypeError, "stage_counts"),
+    (lambda: schedules.plot_bubble([2], max_microbatches=0), InputError, "max_microbatches"),
+    (lambda: schedules.plot_bubble([100]), InputError, "at most 64"),
+    (lambda: schedules.draw_schedule("gpipe"), InputTypeError, "Schedule"),
+    (lambda: schedules.draw_schedule(_PLAN, title=3), InputTypeError, "title"),
+    (lambda: schedules.idle_rows(None), InputTypeError, "Schedule"),
+    (lambda: _PLAN.step_of(schedules.IDLE, 0, 0), InputError, "kind"),
+    (lambda: _PLAN.step_of(schedules.FORWARD, 3, 0), InputError, "m must be at most 2"),
+    (lambda: _PLAN.step_of(schedules.FORWARD, 0, -1), InputError, "s must be at least 0"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_numpy_scalars_work_like_python_ints():
+    plan = schedules.build_schedule("1f1b", np.int64(4), np.int32(6))
+    assert (plan.n_stages, plan.n_microbatches) == (4, 6)
+    assert isinstance(plan.n_stages, int)
+    assert schedules.bubble_fraction("gpipe", np.int64(4), np.int64(8)) == pytest.approx(3 / 11)
+    assert schedules.closed_form_bubble(np.int16(4), np.uint8(8)) == pytest.approx(3 / 11)
+    assert plan.step_of(np.int64(schedules.FORWARD), np.int64(0), np.int64(0)) == 0
+    assert schedules.bubble_rows(np.int64(2), np.array([1, 2]))[1]["M"] == 2
 
 
 def test_bubble_rows_agree_with_closed_form():

@@ -73,7 +73,11 @@ class Schedule:
         return int(self.peak_in_flight().max())
 
     def step_of(self, kind: int, m: int, s: int) -> int:
-        """The time step at which stage ``s`` runs ``kind`` of microbatch ``m``."""
+        """The time step at which stage ``s`` runs ``kind`` (FORWARD or BACKWARD) of
+        microbatch ``m``."""
+        checks.one_of("kind", kind, (FORWARD, BACKWARD))
+        m = checks.count("m", m, minimum=0, maximum=self.n_microbatches - 1)
+        s = checks.count("s", s, minimum=0, maximum=self.n_stages - 1)
         (t,) = np.nonzero((self.kind[:, s] == kind) & (self.micro[:, s] == m))[0]
         return int(t)
 
@@ -98,6 +102,14 @@ class Schedule:
             str(t): names[int(k)] + (str(int(m)) if k != IDLE else "")
             for t, (k, m) in enumerate(zip(self.kind[:, s], self.micro[:, s], strict=True))}}
             for s in range(self.n_stages)]
+
+
+def _schedule(value: object) -> Schedule:
+    if not isinstance(value, Schedule):
+        raise checks.InputTypeError(
+            f"schedule must be a Schedule such as build_schedule('gpipe', 4, 8) returns, got "
+            f"{type(value).__name__}.")
+    return value
 
 
 def _order(name: str, n_stages: int, n_microbatches: int,
@@ -174,6 +186,10 @@ def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = 
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
 
+    schedule = _schedule(schedule)
+    if title is not None and not isinstance(title, str):
+        raise checks.InputTypeError(f"title must be a string or None, got {title!r}.")
+
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.4 * schedule.n_steps + 1),
                                       0.55 * schedule.n_stages + 1.0))
@@ -211,8 +227,9 @@ def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = 
 def bubble_rows(n_stages: int, microbatches: list[int]) -> list[dict[str, object]]:
     """For each M: idle slots counted in both executed schedules, their bubble fractions and
     the closed form, side by side."""
+    n_stages = checks.count("n_stages", n_stages, maximum=checks.MAX_DEVICES)
     rows = []
-    for m in microbatches:
+    for m in checks.counts("microbatches", microbatches):
         gpipe, one_f = (build_schedule(n, n_stages, m) for n in SCHEDULES)
         rows.append({"M": m, "steps": gpipe.n_steps, "idle slots (gpipe)": gpipe.idle_slots,
                      "idle slots (1f1b)": one_f.idle_slots,
@@ -226,6 +243,10 @@ def plot_bubble(stage_counts: list[int], *, max_microbatches: int = 32) -> objec
     closed form, one colour per number of stages. Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
 
+    stage_counts = checks.counts("stage_counts", stage_counts)
+    for s in stage_counts:  # every point builds two schedules: keep the picture small
+        checks.count("a stage count", s, maximum=64)
+    max_microbatches = checks.count("max_microbatches", max_microbatches, maximum=1000)
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ms = np.arange(1, max_microbatches + 1)
     for i, s in enumerate(stage_counts):
@@ -248,6 +269,7 @@ def plot_bubble(stage_counts: list[int], *, max_microbatches: int = 32) -> objec
 def idle_rows(schedule: Schedule) -> list[dict[str, int]]:
     """Per stage: idle steps before its first operation, between its first and last, and
     after its last, and their total."""
+    schedule = _schedule(schedule)
     rows = []
     for s in range(schedule.n_stages):
         busy = np.nonzero(schedule.kind[:, s] != IDLE)[0]
