@@ -371,6 +371,71 @@ def test_lowered_program_carries_shardy_annotations():
     assert "sdy.mesh @mesh" in text and "#sdy.sharding<@mesh" in text
 
 
+def rows_out_program():
+    """The chapter's "reading the compiled program" example: sharded contraction, rows out."""
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    rows_out = jax.jit(partitioning.matmul, out_shardings=NamedSharding(mesh, P("a", None)))
+    lhs = partitioning.place(jnp.ones((16, 32)), mesh, P(None, "a"))
+    rhs = partitioning.place(jnp.ones((32, 16)), mesh, P("a", None))
+    return rows_out, lhs, rhs
+
+
+def test_the_compiled_program_names_groups_by_mesh_axes_not_parameters_by_sharding():
+    """computation_follows_sharding.md on JAX 0.12: per-device parameters without a
+    sharding= (0.10 printed one), and the all-reduce's groups in the mesh spelling."""
+    rows_out, lhs, rhs = rows_out_program()
+    compiled = rows_out.lower(lhs, rhs).compile()
+    entry = hlo_text.entry_computation(compiled)
+    params = hlo_text.lines_with(entry, "parameter(")
+    assert [p.split(" = ")[1].split("{")[0] for p in params] == ["f32[16,8]", "f32[8,16]"]
+    assert "sharding=" not in compiled.as_text()
+    (op,) = hlo.collectives(compiled)
+    assert hlo_text.replica_groups_text(op.line) == "mesh['axis_0'=4,'axis_1'=2] {'axis_0'}"
+    assert op.groups == ((0, 2, 4, 6), (1, 3, 5, 7))
+
+
+def test_shardy_propagates_and_xlas_spmd_partitioner_writes_the_per_device_program():
+    rows_out, lhs, rhs = rows_out_program()
+    first, second = partitioning.partitioner_passes(rows_out, lhs, rhs)
+    assert (first.after, second.after) == ("shardy-xla", "spmd-partitioning")
+    propagated = hlo_text.entry_computation(first.text)
+    (dot,) = hlo_text.lines_with(propagated, " dot(")
+    assert dot.split(" = ")[1].startswith("f32[16,16]")
+    assert "sharding={mesh['a'=4,'b'=2], [{'a'}, {}]}" in dot
+    assert not hlo_text.lines_with(propagated, *(f" {k}(" for k in hlo.KINDS))
+    assert "sharding={mesh['a'=4,'b'=2], [{}, {'a'}]}" in hlo_text.lines_with(
+        propagated, "parameter(0)")[0]
+    partitioned = hlo_text.entry_computation(second.text)
+    assert [p.split(" = ")[1].split("{")[0]
+            for p in hlo_text.lines_with(partitioned, "parameter(")] == ["f32[16,8]", "f32[8,16]"]
+    assert len(hlo_text.lines_with(partitioned, " all-reduce(")) == 1
+
+
+def test_gspmd_notation_of_the_lowered_hlo_is_an_iota_recipe():
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    x_ba = square(mesh, P("b", "a"))
+    hlo_in = jax.jit(partitioning.elementwise).lower(x_ba).compiler_ir("hlo").as_hlo_text()
+    (parameter,) = hlo_text.lines_with(hlo_in, "parameter(0)")
+    notation = "{" + parameter.split("sharding={", 1)[1].split("}", 1)[0] + "}"
+    assert notation == "{devices=[2,4]<=[4,2]T(1,0)}"
+    assert hlo_text.parse_tile_assignment(notation).tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    p_none_a = jax.jit(partitioning.elementwise).lower(square(mesh, P(None, "a")))
+    assert "sharding={devices=[1,4,2]<=[8] last_tile_dim_replicate}" in (
+        p_none_a.compiler_ir("hlo").as_hlo_text())
+
+
+@pytest.mark.parametrize(("passes", "error", "word"), [
+    ("shardy-xla", checks.InputTypeError, "sequence of XLA pass names"),
+    ((), checks.InputTypeError, "sequence of XLA pass names"),
+    (("shardy xla",), checks.InputTypeError, "sequence of XLA pass names"),
+    (("no-such-pass",), checks.InputError, "ran no pass named"),
+])
+def test_partitioner_passes_refuses_what_it_cannot_show(passes, error, word):
+    rows_out, lhs, rhs = rows_out_program()
+    with pytest.raises(error, match=word):
+        partitioning.partitioner_passes(rows_out, lhs, rhs, passes=passes)
+
+
 def test_entry_computation_and_lines_with():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     text = jax.jit(partitioning.column_sums).lower(square(mesh, P("a", "b"))).compile().as_text()

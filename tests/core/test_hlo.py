@@ -524,3 +524,34 @@ def test_fast_compile_leaves_counts_memory_and_results_unchanged():
     loss_full, _ = full(params, tokens)
     loss_fast, _ = fast(params, tokens)
     assert float(loss_fast) == pytest.approx(float(loss_full), rel=1e-6)
+
+
+ASYNC_WRAPPED = """\
+HloModule m, num_partitions=4
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%async_rs (p0: f32[16]) -> f32[4] {
+  %p0 = f32[16]{0} parameter(0)
+  ROOT %rs = f32[4]{0} reduce-scatter(%p0), channel_id=1, replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (a: f32[16]) -> f32[4] {
+  %a = f32[16]{0} parameter(0)
+  %start = ((f32[16]{0}), f32[4]{0}) async-start(%a), calls=%async_rs
+  ROOT %done = f32[4]{0} async-done(%start)
+}
+"""
+
+
+def test_a_collective_wrapped_in_async_start_is_counted_once():
+    """Backends that run a reduce-scatter or all-to-all asynchronously wrap it in a generic
+    async-start/async-done pair that calls a computation holding the collective (the
+    chapter says so): the reader finds it there, once."""
+    (op,) = hlo.collectives_in_text(ASYNC_WRAPPED)
+    assert (op.kind, op.group_size, op.computation) == ("reduce-scatter", 4, "async_rs")
+    assert op.bytes_sent == 3 * 16 * F32 // 4

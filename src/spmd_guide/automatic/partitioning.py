@@ -311,6 +311,54 @@ def dump_dot(fn: Callable[..., Any], *args: Any,
     return sorted(set(directory.glob("*.dot")) - before)
 
 
+@dataclass(frozen=True)
+class PassSnapshot:
+    """The HLO module as it stood right after one of XLA's passes ran."""
+
+    after: str
+    text: str
+
+
+#: The two steps that make per-device programs: Shardy's propagation (``shardy-xla``, which
+#: writes a sharding on every instruction) and XLA's SPMD partitioner (``spmd-partitioning``,
+#: which rewrites each instruction for one device's block and inserts the collectives).
+PARTITIONER_PASSES = ("shardy-xla", "spmd-partitioning")
+
+
+def partitioner_passes(fn: Callable[..., Any], *args: Any,
+                       passes: Sequence[str] = PARTITIONER_PASSES) -> list[PassSnapshot]:
+    """Compile ``fn`` on ``args`` with XLA's per-pass dump on, and return the module right
+    after each of ``passes``, in the order the compiler ran them.
+
+    A pass named here that never runs is an error rather than a shorter list: the point is
+    to show which pass did what.
+    """
+    import re
+    import tempfile
+
+    if isinstance(passes, str) or not passes or not all(
+            isinstance(p, str) and re.fullmatch(r"[\w\-]+", p) for p in passes):
+        raise checks.InputTypeError(
+            f"passes must be a sequence of XLA pass names such as {PARTITIONER_PASSES}, "
+            f"got {passes!r:.60}.")
+    with tempfile.TemporaryDirectory() as folder:
+        hlo.compile(fn, *args, compiler_options={
+            "xla_dump_to": folder,
+            "xla_dump_hlo_pass_re": "^(" + "|".join(map(re.escape, passes)) + ")$",
+        })
+        found = []
+        for path in sorted(Path(folder).glob("*.txt")):
+            match = re.search(r"\.(\d{4})\.[\w\-]+\.after_([\w\-]+)\.before_", path.name)
+            if match and match.group(2) in passes:
+                found.append((int(match.group(1)), match.group(2), path.read_text()))
+    missing = [p for p in passes if p not in {name for _, name, _ in found}]
+    if missing:
+        raise checks.InputError(
+            f"the compiler ran no pass named {missing} for {getattr(fn, '__name__', 'fn')}; "
+            f"the passes that make per-device programs are {PARTITIONER_PASSES}.")
+    return [PassSnapshot(name, text) for _, name, text in sorted(found)]
+
+
 def entry_dataflow(text: str | jax.stages.Compiled) -> list[Instruction]:
     """The instructions of the entry computation with only the operands it defines (literal
     operands such as ``parameter(0)``'s ``0`` dropped): the edges of its dataflow graph."""
