@@ -130,6 +130,10 @@ def test_all_to_all_bytes_match_the_compiled_program(data):
         ops = [op for op in hlo.collectives(_layer(n, top_k, factor), params, x)
                if op.kind == "all-to-all"]
         assert len(ops) == 2
+        # experts.md: JAX emits one array all-to-all split n ways; XLA:CPU's all-to-all
+        # decomposer makes each a tuple of n buffers, one per destination.
+        assert moe.lowered_all_to_alls(_layer(n, top_k, factor), params, x) == [n, n]
+        assert [len(op.buffers) for op in ops] == [n, n]
         expected = moe.all_to_all_bytes(TOKENS, n, top_k=top_k, n_experts=N_EXPERTS,
                                         capacity_factor=factor, d_model=D_MODEL)
         assert [op.bytes_sent for op in ops] == [expected, expected]
@@ -171,6 +175,64 @@ def test_capacity_formula():
     assert moe.dispatch_slots(64, 8, top_k=2, n_experts=8, capacity_factor=1.0) == 8
 
 
+@pytest.mark.parametrize(("tokens", "factor", "want"), [
+    (100, 1.1, 11),   # 1.1 * 100 / 10 is 11.000000000000002 in floats
+    (100, 0.7, 7),    # and 0.7 * 100 / 10 is 7.000000000000001
+    (30, 1.0 / 3, 1),  # a factor that prints as 0.3333333333333333: just under 1 slot
+])
+def test_capacity_is_exact_where_floats_round_up(tokens, factor, want):
+    assert moe.capacity(tokens, top_k=1, n_experts=10, capacity_factor=factor) == want
+
+
+def test_numpy_scalars_work_like_python_numbers(data):
+    params, x = data
+    assert moe.capacity(np.int64(64), top_k=np.int32(2), n_experts=np.uint8(8),
+                        capacity_factor=np.float32(1.25)) == 20
+    kw = {"top_k": np.int64(2), "capacity_factor": np.float64(1.0)}
+    _, want = moe.reference_moe(params, x, **kw)
+    assert int(want["dropped"]) == int(moe.reference_moe(params, x, top_k=2,
+                                                         capacity_factor=1.0)[1]["dropped"])
+    assert moe.all_to_all_bytes(np.int64(64), np.int64(8), top_k=2, n_experts=8,
+                                capacity_factor=np.float32(1.25), d_model=np.int64(16)) == 3584
+    assert moe.dropped_at(moe.route(params, x, **kw), np.float64(100.0)) == 0
+
+
+@pytest.mark.parametrize("layout", [
+    "replicated", pytest.param("sharded elsewhere", marks=pytest.mark.slow)])
+def test_layer_on_explicit_axes_equals_reference(data, layout):
+    """jax.make_mesh's default axes are Explicit: the layer lays out its inputs itself."""
+    params, x = data
+    mesh = mesh_of(4, ("expert",), explicit=True)
+    if layout == "sharded elsewhere":  # x split by columns, w_in by d_ff
+        x = jax.device_put(x, jax.NamedSharding(mesh, jax.P(None, "expert")))
+        params = {**params, "w_in": jax.device_put(
+            params["w_in"], jax.NamedSharding(mesh, jax.P(None, None, "expert")))}
+    want = _reference(2, 1.0)(params, x)
+    got = jax.jit(functools.partial(moe.moe_layer, mesh=mesh, axis_name="expert", top_k=2,
+                                    capacity_factor=1.0))(params, x)
+    _assert_same(got, want)
+    assert got[0].sharding.is_equivalent_to(jax.NamedSharding(mesh, jax.P("expert")), 2)
+    eager = moe.moe_layer(params, x, mesh, "expert", top_k=2, capacity_factor=1.0)
+    _assert_same(eager, want)
+
+
+def test_ragged_all_to_all_is_not_implemented_on_cpu():
+    """experts.md says not every backend runs jax.lax.ragged_all_to_all: XLA:CPU does not
+    (JAX 0.12). If this starts passing, the page's sentence must change."""
+    mesh = mesh_of(2, ("x",))
+
+    def body(op, out, i_off, send, o_off, recv):
+        return jax.lax.ragged_all_to_all(op[0], out[0], i_off[0], send[0], o_off[0],
+                                         recv[0], axis_name="x")[None]
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(jax.P("x"),) * 6,
+                              out_specs=jax.P("x")))
+    sizes = jnp.full((2, 2), 2, jnp.int32)
+    offsets = jnp.array([[0, 2], [0, 2]], jnp.int32)
+    with pytest.raises(Exception, match="ragged-all-to-all.*not supported by XLA:CPU"):
+        f(jnp.ones((2, 4)), jnp.zeros((2, 4)), offsets, sizes, offsets.T, sizes)
+
+
 def _bad_cases(params, x):
     mesh = mesh_of(8, ("expert",))
     ok = {"top_k": 1, "capacity_factor": 1.0}
@@ -201,12 +263,63 @@ def test_bad_inputs_raise_clear_errors(data):
     for args, kwargs, error, word in _bad_cases(params, x):
         with pytest.raises(error, match=word):
             moe.moe_layer(*args, **kwargs)
-    with pytest.raises(checks.InputError, match="top_k"):
-        moe.reference_moe(params, x, top_k=9, capacity_factor=1.0)
-    with pytest.raises(checks.InputError, match="d_ff"):
-        moe.init_moe(0, d_model=4, d_ff=0, n_experts=2)
-    with pytest.raises(checks.InputError, match="divisible"):
-        moe.route(params, x, top_k=1, capacity_factor=1.0, groups=3)
+    for args, kwargs, error, word in _bad_cases(params, x)[:2]:  # and on Explicit axes
+        args = (args[0], args[1], mesh_of(8, args[2].axis_names, explicit=True), args[3])
+        with pytest.raises(error, match=word):
+            moe.moe_layer(*args, **kwargs)
+
+
+def _other_bad_cases(params, x):
+    """(function, args, kwargs, error, words) for every public function but moe_layer."""
+    cap = {"top_k": 2, "n_experts": 8, "capacity_factor": 1.0}
+    size = {**cap, "d_model": 16}
+    routing = moe.route(params, x, top_k=2, capacity_factor=1.0)
+    E, TE = checks.InputError, checks.InputTypeError
+    return [
+        (moe.capacity, (-32,), cap, E, "tokens must be at least 1, got -32"),
+        (moe.capacity, (32,), {**cap, "top_k": 9}, E, "top_k must be at most 8, got 9"),
+        (moe.capacity, (32,), {**cap, "n_experts": 0}, E, "n_experts"),
+        (moe.capacity, (32.0,), cap, TE, "tokens must be an integer"),
+        (moe.capacity, (32,), {**cap, "capacity_factor": float("nan")}, E, "finite"),
+        (moe.capacity, (32,), {**cap, "capacity_factor": "1.0"}, TE, "real number"),
+        (moe.capacity, (32,), {**cap, "capacity_factor": -1.0}, E, "positive"),
+        (moe.dispatch_slots, (30, 8), cap, E, "tokens is 30.*8"),
+        (moe.dispatch_slots, (32, 0), cap, E, "n_devices"),
+        (moe.dispatch_buffer_bytes, (32, 8), {**size, "d_model": 0}, E, "d_model"),
+        (moe.dispatch_buffer_bytes, (32, 8), {**size, "bytes_per_element": "4"}, TE,
+         "bytes_per_element"),
+        (moe.dispatch_buffer_bytes, (36, 8), {**size, "rule": "per_device"}, E, "tokens is 36"),
+        (moe.all_to_all_bytes, (32, 8), {**size, "rule": "local"}, E, "rule"),
+        (moe.all_to_all_bytes, (32, 8), {**size, "top_k": 9}, E, "top_k"),
+        (moe.init_moe, (0,), {"d_model": 4, "d_ff": 0, "n_experts": 2}, E, "d_ff"),
+        (moe.init_moe, ("seed",), {"d_model": 4, "d_ff": 4, "n_experts": 2}, TE, "key"),
+        (moe.reference_moe, (params, x), {"top_k": 9, "capacity_factor": 1.0}, E, "top_k"),
+        (moe.reference_moe, (params, x), {"top_k": 1, "capacity_factor": float("inf")}, E,
+         "finite"),
+        (moe.route, (params, x), {"top_k": 1, "capacity_factor": 1.0, "groups": 3}, E,
+         "divisible"),
+        (moe.route, (params, x), {"top_k": 1, "capacity_factor": 1.0, "groups": 0}, E,
+         "groups"),
+        (moe.dropped_at, ("routing", 1.0), {}, TE, "Routing"),
+        (moe.dropped_at, (routing, float("nan")), {}, E, "finite"),
+        (moe.traffic, (routing._asdict(), 4), {}, TE, "Routing"),
+        (moe.traffic, (routing, 3), {}, E, "divisible by 3"),
+        (moe.load_balancing_loss, (routing.probs[0], routing.expert), {}, E, "probs"),
+        (moe.load_balancing_loss, (routing.probs, routing.gate), {}, TE, "integer"),
+        (moe.load_balancing_loss, (routing.probs, routing.expert[:4]), {}, E, "tokens"),
+        (moe.router_aux_loss, (params["router"], x), {"top_k": 9}, E, "top_k"),
+        (moe.router_aux_loss, (params["router"], x[:, :4]), {"top_k": 1}, E, "d_model"),
+        (moe.draw_traffic, (np.ones((2, 3), int),), {}, E, "square"),
+        (moe.draw_traffic, (np.ones((2, 2)),), {}, TE, "integer"),
+        (moe.lowered_all_to_alls, ("layer", x), {}, TE, "function"),
+    ]
+
+
+def test_every_public_function_refuses_bad_input(data):
+    params, x = data
+    for fn, args, kwargs, error, words in _other_bad_cases(params, x):
+        with pytest.raises(error, match=words):
+            fn(*args, **kwargs)
 
 
 def test_chapter_exercises():

@@ -16,18 +16,26 @@ The drop rule here does not depend on the device count, so every mesh gives the 
 in ``jax.shard_map`` with tokens and experts split over one mesh axis: an ``all_gather`` of
 small routing counts gives each assignment its place in the global order, an ``all_to_all``
 sends tokens to their experts' devices, and a second ``all_to_all`` brings the outputs back.
+
+Every public function checks its arguments first (:mod:`spmd_guide.core.checks`): counts
+must be integers (NumPy's included), the capacity factor a positive finite number (NaN is
+refused). The values inside arrays are not inspected: a NaN in ``x`` flows through the layer
+as through any JAX program.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
+from collections.abc import Callable
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -55,11 +63,36 @@ def init_moe(key: Any, *, d_model: int, d_ff: int, n_experts: int) -> Params:
 
 def capacity(tokens: int, *, top_k: int, n_experts: int, capacity_factor: float) -> int:
     """Assignments one expert takes per batch: ``ceil(capacity_factor * tokens * top_k /
-    n_experts)`` (``capacity_factor`` 1 is an even share)."""
-    return math.ceil(capacity_factor * tokens * top_k / n_experts)
+    n_experts)`` (``capacity_factor`` 1 is an even share).
+
+    Computed in exact fractions, with the factor read as the decimal it prints as: 1.1 x 100
+    / 10 is 11, where float arithmetic gives 11.000000000000002 and a ceiling of 12.
+    """
+    tokens = checks.count("tokens", tokens)
+    n_experts = checks.count("n_experts", n_experts)
+    top_k = checks.count("top_k", top_k, maximum=n_experts)
+    factor = Fraction(repr(_capacity_factor(capacity_factor)))
+    return math.ceil(factor * tokens * top_k / n_experts)
 
 
 # --------------------------------------------------------------------------- input checks
+
+
+def _capacity_factor(value: Any) -> float:
+    """A positive, finite, concrete capacity factor (NaN refused) as a Python float."""
+    factor = checks.real("capacity_factor", value, positive=True)
+    if not isinstance(factor, float):
+        raise checks.InputTypeError(
+            "capacity_factor must be a concrete number (it fixes buffer shapes), got a "
+            "traced value; pass it as a Python float.")
+    return factor
+
+
+def _routing(value: Any) -> Routing:
+    if not isinstance(value, Routing):
+        raise checks.InputTypeError(
+            f"routing must be the Routing that moe.route returns, got {type(value).__name__}.")
+    return value
 
 
 def _check(params: Any, x: Any, top_k: Any, capacity_factor: Any) -> tuple[int, float]:
@@ -82,12 +115,7 @@ def _check(params: Any, x: Any, top_k: Any, capacity_factor: Any) -> tuple[int, 
             f"x has {x.shape[1]} features (shape {tuple(x.shape)}), but the router expects "
             f"d_model = {d_model}; x must be [tokens, {d_model}].")
     top_k = checks.count("top_k", top_k, maximum=n_experts)
-    capacity_factor = checks.real("capacity_factor", capacity_factor, positive=True)
-    if not isinstance(capacity_factor, float):
-        raise checks.InputTypeError(
-            "capacity_factor must be a concrete number (it fixes buffer shapes), got a "
-            "traced value; pass it as a Python float.")
-    return top_k, capacity_factor
+    return top_k, _capacity_factor(capacity_factor)
 
 
 # --------------------------------------------------------------------------- routing
@@ -158,10 +186,9 @@ def _route(router: jax.Array, x: jax.Array, *, top_k: int, cap: int,
 def dropped_at(routing: Routing, capacity_factor: float) -> int:
     """Assignments ``routing`` would drop at another capacity factor: a position in an
     expert's queue does not depend on the capacity, only the cut-off does."""
-    tokens, top_k = routing.expert.shape
+    tokens, top_k = _routing(routing).expert.shape
     cap = capacity(tokens, top_k=top_k, n_experts=routing.probs.shape[1],
-                   capacity_factor=checks.real("capacity_factor", capacity_factor,
-                                               positive=True))
+                   capacity_factor=capacity_factor)
     return int(jnp.sum(routing.position >= cap))
 
 
@@ -172,6 +199,12 @@ def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
     ``p_e``: its mean router probability. 1 when the load is even; larger
     when the router favours a few experts.
     """
+    probs = checks.array("probs", probs, ndim=2, dtype_kind="f")
+    expert = checks.array("expert", expert, ndim=2, dtype_kind="iu")
+    if expert.shape[0] != probs.shape[0]:
+        raise checks.InputError(
+            f"expert has {expert.shape[0]} tokens (shape {tuple(expert.shape)}) but probs has "
+            f"{probs.shape[0]} (shape {tuple(probs.shape)}); both are [tokens, ...].")
     n_experts = probs.shape[-1]
     hot = jax.nn.one_hot(expert, n_experts, dtype=probs.dtype)
     share = jnp.mean(hot, axis=(0, 1))
@@ -182,6 +215,13 @@ def router_aux_loss(router: jax.Array, x: jax.Array, *, top_k: int) -> jax.Array
     """:func:`load_balancing_loss` of a router on tokens ``x``, as a function of the router
     weights alone (to differentiate: the top-k choice gives ``f_e`` no gradient, so the
     gradient flows through the mean probabilities ``p_e``)."""
+    router = checks.array("router", router, ndim=2, dtype_kind="f")
+    x = checks.array("x", x, ndim=2, dtype_kind="f")
+    if x.shape[1] != router.shape[0]:
+        raise checks.InputError(
+            f"x has {x.shape[1]} features (shape {tuple(x.shape)}), but the router expects "
+            f"d_model = {router.shape[0]}.")
+    top_k = checks.count("top_k", top_k, maximum=router.shape[1])
     probs, expert, _ = _choose(router, x, top_k)
     return load_balancing_loss(probs, expert)
 
@@ -238,6 +278,8 @@ def dispatch_slots(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
     an expert at most once, so never more than the device's tokens."""
     cap = capacity(tokens, top_k=top_k, n_experts=n_experts,
                    capacity_factor=capacity_factor)
+    n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
+    checks.divisible("tokens", tokens, n_devices, why="over the devices")
     return min(cap, tokens // n_devices)
 
 
@@ -306,7 +348,9 @@ def moe_layer(params: Params, x: jax.Array, mesh: Mesh, axis_name: str, *, top_k
     ``x: [tokens, d_model]`` is split by rows, the experts' weights by expert; the router is
     replicated. Returns ``(y, stats)`` equal to :func:`reference_moe` (same assignments kept
     and dropped, ``y`` up to float rounding) on any number of devices. ``y`` comes back
-    sharded ``P(axis_name)``, ``stats`` replicated.
+    sharded ``P(axis_name)``, ``stats`` replicated. The mesh's axes may be Auto or Explicit
+    (``jax.make_mesh``'s default): the inputs are laid out as the layer needs, wherever they
+    are.
     """
     top_k, capacity_factor = _check(params, x, top_k, capacity_factor)
     n = checks.axis(mesh, axis_name)
@@ -329,10 +373,17 @@ def _sharded_layer(mesh: Mesh, axis_name: str, *, top_k: int, cap: int, slots: i
                              slots=slots, tokens=tokens)
     stat_specs = {"tokens_per_expert": P(), "dropped": P(), "aux_loss": P(),
                   "kept": P(axis_name)}
-    return jax.jit(jax.shard_map(
-        body, mesh=mesh,
-        in_specs=(P(), P(axis_name), P(axis_name), P(axis_name)),
-        out_specs=(P(axis_name), stat_specs)))
+    in_specs = (P(), P(axis_name), P(axis_name), P(axis_name))
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                           out_specs=(P(axis_name), stat_specs))
+
+    def layer(*args: jax.Array) -> tuple[jax.Array, Stats]:
+        # On Explicit axes shard_map refuses an input laid out otherwise than its in_spec;
+        # device_put lays each out (a no-op where it already is), on either axis type.
+        return mapped(*(jax.device_put(a, NamedSharding(mesh, spec))
+                        for a, spec in zip(args, in_specs, strict=True)))
+
+    return jax.jit(layer)
 
 
 # --------------------------------------------------------------------------- costs and pictures
@@ -348,7 +399,10 @@ def dispatch_buffer_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts:
     ``slots = ceil(capacity_factor * tokens / n_devices * top_k / n_experts)``.
     """
     checks.one_of("rule", rule, ("global", "per_device"))
-    n = checks.count("n_devices", n_devices)
+    n = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
+    d_model = checks.count("d_model", d_model)
+    bytes_per_element = checks.count("bytes_per_element", bytes_per_element)
+    checks.divisible("tokens", checks.count("tokens", tokens), n, why="over the devices")
     if rule == "global":
         slots = dispatch_slots(tokens, n, top_k=top_k, n_experts=n_experts,
                                capacity_factor=capacity_factor)
@@ -369,12 +423,27 @@ def all_to_all_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
     return ring_bytes("all-to-all", buffer, n_devices)
 
 
+def lowered_all_to_alls(fn: Callable[..., Any], *args: Any) -> list[int]:
+    """The ``split_count`` of each all-to-all JAX emits for ``fn`` on ``args``: read from the
+    lowered StableHLO (``jax.jit(fn).lower(*args).as_text()``), before XLA compiles it.
+
+    JAX emits one array all-to-all per ``jax.lax.all_to_all``; what the compiled program
+    holds is the compiler's choice (XLA:CPU's all-to-all decomposer splits each into a tuple
+    of one buffer per destination), so compare this with the compiled ops' ``buffers``.
+    """
+    checks.function("fn", fn)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    text = jitted.lower(*args).as_text()
+    return [int(n) for n in
+            re.findall(r'"stablehlo\.all_to_all".*?split_count = (\d+)', text)]
+
+
 def traffic(routing: Routing, n_devices: int) -> np.ndarray:
     """Kept assignments sent from each device (rows: the devices holding the tokens) to each
     device (columns: the devices holding the experts), ``[n_devices, n_devices]``, with
     tokens and experts split evenly over the devices in order, as :func:`moe_layer` does."""
-    tokens, n_experts = routing.probs.shape
-    n = checks.count("n_devices", n_devices)
+    tokens, n_experts = _routing(routing).probs.shape
+    n = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
     checks.divisible("the number of tokens", tokens, n, why="over the devices")
     checks.divisible("n_experts", n_experts, n, why="over the devices")
     source = np.arange(tokens)[:, None] // (tokens // n)
@@ -390,8 +459,10 @@ def draw_traffic(matrix: Any, *, title: str = "") -> Any:
     written in it. Returns the matplotlib ``Figure``."""
     import matplotlib.pyplot as plt
 
-    m = np.asarray(matrix)
+    m = np.asarray(checks.array("matrix", matrix, ndim=2, dtype_kind="iu"))
     n = m.shape[0]
+    if m.shape != (n, n):
+        raise checks.InputError(f"matrix must be square (as traffic returns), got {m.shape}.")
     fig, ax = plt.subplots(figsize=(4.2, 3.8))
     image = ax.imshow(m, cmap="Blues", vmin=0)
     for (i, j), value in np.ndenumerate(m):
