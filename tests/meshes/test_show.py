@@ -314,6 +314,7 @@ def test_devices_and_meshes_exercises():
     rows = [[d.id for d in row] for row in mesh_utils.create_device_mesh((2, 4), stand_ins)]
     assert rows == [[0, 1, 2, 3], [6, 7, 4, 5]]
     assert [max(show.ring_hops(stand_ins, row)) for row in rows] == [1, 1]
+    assert show.grid_hops(stand_ins, rows)["columns"] == [[2, 2]] * 4  # exercise 3, columns
 
 
 def test_sharding_arrays_exercises():

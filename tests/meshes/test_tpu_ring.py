@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
+from jax.experimental import mesh_utils
 
 from spmd_guide.core import drawing
+from spmd_guide.core.checks import InputError, InputTypeError
 from spmd_guide.meshes import tpu_ring
 
 
@@ -27,12 +30,71 @@ def test_snake_order_steps_one_chip_at_most_and_the_naive_order_crosses_a_diagon
     assert tpu_ring.ring_hops(tray, [0, 1]) == [0, 0]  # a partial ring is allowed
 
 
-@pytest.mark.parametrize("call, word", [
-    (lambda: tpu_ring.ring_hops([object()], [0]), "coords"),
-    (lambda: tpu_ring.ring_diagram(tpu_ring.tpu_v3_tray(), [0, 1]), "every device"),
-])
-def test_bad_input_gets_a_clear_error(call, word):
-    with pytest.raises(ValueError, match=word):
+def test_numpy_orders_and_devices_work_like_lists():
+    tray = tpu_ring.tpu_v3_tray()
+    ring = [0, 1, 2, 3, 6, 7, 4, 5]
+    expected = tpu_ring.ring_hops(tray, ring)
+    assert tpu_ring.ring_hops(tray, np.array(ring)) == expected
+    assert tpu_ring.ring_hops(tray, [np.int64(i) for i in ring]) == expected
+    assert tpu_ring.ring_hops(tray, tuple(ring)) == expected
+    assert tpu_ring.ring_hops(np.array(tray, dtype=object), ring) == expected
+    as_devices = mesh_utils.create_device_mesh((8,), tray)
+    assert tpu_ring.ring_hops(tray, as_devices) == expected
+    assert tpu_ring.diagonal_steps(tray, np.arange(8)) == tpu_ring.diagonal_steps(tray, range(8))
+    assert tpu_ring.ring_diagram(tray, np.array(ring)).text == tpu_ring.ring_diagram(tray, ring).text
+
+
+def test_grid_hops_reads_rows_and_columns_as_rings():
+    """The chapter's (2, 4) table: JAX's order keeps rows on neighbouring chips but puts
+    each column on diagonal chips; the plain reshape's columns are neighbours."""
+    tray = tpu_ring.tpu_v3_tray()
+    jax_grid = mesh_utils.create_device_mesh((2, 4), tray)
+    assert [[d.id for d in row] for row in jax_grid] == [[0, 1, 2, 3], [6, 7, 4, 5]]
+    assert tpu_ring.grid_hops(tray, jax_grid) == {
+        "rows": [[0, 1, 0, 1]] * 2, "columns": [[2, 2]] * 4}
+    assert tpu_ring.grid_hops(tray, np.arange(8).reshape(2, 4)) == {
+        "rows": [[0, 1, 0, 1]] * 2, "columns": [[1, 1]] * 4}
+    # Taken from the grid, the columns are the same as ring_hops of each column.
+    for column in np.arange(8).reshape(4, 2).T:
+        assert tpu_ring.ring_hops(tray, column) in tpu_ring.grid_hops(
+            tray, np.arange(8).reshape(4, 2))["columns"]
+
+
+TRAY = tpu_ring.tpu_v3_tray()
+BAD_INPUT = [
+    ("device without coords", lambda: tpu_ring.ring_hops([object()], [0]),
+     InputTypeError, "coords"),
+    ("devices a string", lambda: tpu_ring.ring_hops("tray", [0]), InputTypeError, "devices"),
+    ("no devices", lambda: tpu_ring.ring_hops([], [0]), InputError, "at least one"),
+    ("order a string", lambda: tpu_ring.ring_hops(TRAY, "0123"), InputTypeError, "sequence"),
+    ("order of floats", lambda: tpu_ring.ring_hops(TRAY, [0.0, 1.0]), InputTypeError,
+     "integer"),
+    ("order with a bool", lambda: tpu_ring.ring_hops(TRAY, [True, 1]), InputTypeError,
+     "integer"),
+    ("order negative", lambda: tpu_ring.ring_hops(TRAY, [0, -1]), InputError, "at least 0"),
+    ("order repeats", lambda: tpu_ring.ring_hops(TRAY, [0, 0, 1]), InputError, "distinct"),
+    ("order unknown id", lambda: tpu_ring.ring_hops(TRAY, [0, 9]), InputError, "distinct"),
+    ("order empty", lambda: tpu_ring.ring_hops(TRAY, []), InputError, "at least 1"),
+    ("order 2-D", lambda: tpu_ring.ring_hops(TRAY, np.arange(8).reshape(2, 4)),
+     InputTypeError, "integer"),
+    ("diagram misses devices", lambda: tpu_ring.ring_diagram(TRAY, [0, 1]), InputError,
+     "every device"),
+    ("diagram title a number", lambda: tpu_ring.ring_diagram(TRAY, range(8), title=3),
+     InputTypeError, "title"),
+    ("diagonal_steps of None", lambda: tpu_ring.diagonal_steps(TRAY, None), InputTypeError,
+     "sequence"),
+    ("grid 1-D", lambda: tpu_ring.grid_hops(TRAY, np.arange(8)), InputError, "2-D"),
+    ("grid repeats a device", lambda: tpu_ring.grid_hops(TRAY, [[0, 1], [1, 2]]), InputError,
+     "twice"),
+    ("grid of strings", lambda: tpu_ring.grid_hops(TRAY, [["a", "b"]]), InputTypeError,
+     "integer"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_a_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
         call()
 
 

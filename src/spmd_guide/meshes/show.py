@@ -31,6 +31,7 @@ from spmd_guide.core.display import PALETTE, Html, side_by_side
 from spmd_guide.core.display import TEXT as _TEXT
 from spmd_guide.meshes.tpu_ring import (  # noqa: F401  (ring pictures: re-exported for the chapters)
     TrayDevice,
+    grid_hops,
     ring_diagram,
     ring_hops,
     tpu_v3_tray,

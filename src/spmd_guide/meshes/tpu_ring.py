@@ -3,7 +3,9 @@
 ``jax.experimental.mesh_utils.create_device_mesh`` orders TPU v2/v3 cores so that neighbours
 on a mesh axis are neighbours on the board; :func:`tpu_v3_tray` makes stand-in devices with
 the coordinates it reads, :func:`ring_hops` counts the board hops of a ring order,
-:func:`diagonal_steps` words the steps that skip a chip and :func:`ring_diagram` draws it.
+:func:`grid_hops` does it for each row and column of a 2-D mesh, :func:`diagonal_steps` words
+the steps that skip a chip and :func:`ring_diagram` draws it. Device orders may be lists,
+tuples or NumPy arrays of ids (NumPy integers included), or of the devices themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise, product
 
+import numpy as np
+
+from spmd_guide.core import checks
 from spmd_guide.core.display import FONT_CSS, PALETTE, TEXT, Html, listed
 
 
@@ -47,24 +52,47 @@ def tpu_v3_tray() -> list[TrayDevice]:
     ]
 
 
-def _positions(devices: Sequence[object], order: Sequence[int], *,
-               complete: bool) -> dict[int, object]:
-    """Devices by id, after checking ``order`` names distinct ones (all of them if complete)."""
+def _board(devices: object) -> dict[int, object]:
+    """The devices by id, after checking each has the ``id``, ``coords`` and
+    ``core_on_chip`` a TPU device (or a :func:`tpu_v3_tray` stand-in) has."""
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"devices must be a list of TPU devices (or tpu_v3_tray() stand-ins), got "
+            f"{devices!r:.60}.")
     by_id = {}
-    for device in devices:
-        if not (hasattr(device, "coords") and hasattr(device, "core_on_chip")):
-            raise ValueError(
+    for device in list(np.ravel(np.asarray(devices, dtype=object))):
+        if not all(hasattr(device, attribute) for attribute in ("id", "coords", "core_on_chip")):
+            raise checks.InputTypeError(
                 "Device order can only be drawn for devices with coords and core_on_chip "
-                f"(TPU devices, or tpu_v3_tray() stand-ins); got {device!r}."
-            )
-        by_id[device.id] = device
-    wanted = sorted(by_id) if complete else sorted(set(order) & set(by_id))
-    if sorted(order) != wanted or not order:
-        which = "every device" if complete else "distinct devices out of"
-        raise ValueError(
-            f"The order must list {which} {sorted(by_id)} exactly once; got {list(order)}."
-        )
+                f"(TPU devices, or tpu_v3_tray() stand-ins); got {device!r:.60}.")
+        by_id[int(device.id)] = device
+    if not by_id:
+        raise checks.InputError("devices must hold at least one device, got none.")
     return by_id
+
+
+def _ids(name: str, order: object) -> tuple[int, ...]:
+    """A ring of device ids (list, tuple or 1-D NumPy array, NumPy integers included), or of
+    devices, whose ids are taken."""
+    if isinstance(order, np.ndarray) and order.dtype == object or (
+            isinstance(order, Sequence) and not isinstance(order, (str, bytes))
+            and order and all(hasattr(d, "id") for d in order)):
+        order = [d.id for d in np.ravel(np.asarray(order, dtype=object))]
+    return checks.counts(name, order, minimum=0)
+
+
+def _positions(devices: Sequence[object], order: Sequence[int], *,
+               complete: bool) -> tuple[dict[int, object], tuple[int, ...]]:
+    """Devices by id and the order as ids, after checking ``order`` names distinct devices
+    of ``devices`` (all of them if complete)."""
+    by_id = _board(devices)
+    ids = _ids("order", order)
+    wanted = sorted(by_id) if complete else sorted(set(ids) & set(by_id))
+    if sorted(ids) != wanted:
+        which = "every device" if complete else "distinct devices out of"
+        raise checks.InputError(
+            f"The order must list {which} {sorted(by_id)} exactly once; got {list(ids)}.")
+    return by_id, ids
 
 
 def _steps(order: Sequence[int]) -> list[tuple[int, int]]:
@@ -80,12 +108,34 @@ def ring_hops(devices: Sequence[object], order: Sequence[int]) -> list[int]:
     0: both devices are cores of one chip; 1: neighbouring chips; 2 or more: the data must cross
     an intermediate chip (on a 2x2 board, a diagonal step).
     """
-    by_id = _positions(devices, order, complete=False)
+    by_id, ids = _positions(devices, order, complete=False)
     hops = []
-    for here, there in _steps(order):
+    for here, there in _steps(ids):
         a, b = by_id[here].coords, by_id[there].coords
-        hops.append(sum(abs(p - q) for p, q in zip(a, b, strict=True)))
+        hops.append(int(sum(abs(p - q) for p, q in zip(a, b, strict=True))))
     return hops
+
+
+def grid_hops(devices: Sequence[object], grid: object) -> dict[str, list[list[int]]]:
+    """Chip distances along each row and each column of a 2-D mesh of ``devices``.
+
+    ``grid`` is the mesh as a 2-D array of device ids (or of devices, as
+    ``mesh_utils.create_device_mesh`` returns). Each row and each column is taken as a ring,
+    as a collective along that mesh axis walks it: ``{"rows": [...], "columns": [...]}``,
+    one list of :func:`ring_hops` per line.
+    """
+    ids = np.asarray(grid, dtype=object)
+    if ids.ndim != 2 or 0 in ids.shape:
+        raise checks.InputError(
+            f"grid must be a 2-D mesh of device ids such as [[0, 1, 2, 3], [4, 5, 6, 7]], "
+            f"got shape {ids.shape}.")
+    ids = np.vectorize(lambda d: d.id if hasattr(d, "id") else d, otypes=[object])(ids)
+    flat = _ids("grid", list(ids.ravel()))
+    if len(set(flat)) != len(flat):
+        raise checks.InputError(f"grid names a device twice: {ids.tolist()}.")
+    table = np.array(flat).reshape(ids.shape)
+    return {"rows": [ring_hops(devices, list(row)) for row in table],
+            "columns": [ring_hops(devices, list(column)) for column in table.T]}
 
 
 def diagonal_steps(devices: Sequence[object], order: Sequence[int]) -> str:
@@ -95,13 +145,14 @@ def diagonal_steps(devices: Sequence[object], order: Sequence[int]) -> str:
     ``"2 steps (dashed red: device 3 to device 4 and device 7 back to device 0)"``
     (the step from the last device to the first is the one that goes *back*).
     """
+    ids = _ids("order", order)
     far = [(i, here, there)
-           for i, ((here, there), hop) in enumerate(zip(_steps(order), ring_hops(devices, order),
+           for i, ((here, there), hop) in enumerate(zip(_steps(ids), ring_hops(devices, ids),
                                                         strict=True))
            if hop > 1]
     if not far:
         return "no step"
-    words = [f"device {here} {'back ' if i == len(order) - 1 else ''}to device {there}"
+    words = [f"device {here} {'back ' if i == len(ids) - 1 else ''}to device {there}"
              for i, here, there in far]
     return f"{len(far)} step{'s' if len(far) > 1 else ''} (dashed red: {listed(words)})"
 
@@ -168,7 +219,9 @@ def ring_diagram(devices: Sequence[object], order: Sequence[int], *,
     that are not neighbours are dashed red. Links go around the cores they would cross, and
     each chip's label sits in a corner no link passes; links are painted beneath the labels.
     """
-    by_id = _positions(devices, order, complete=True)
+    by_id, order = _positions(devices, order, complete=True)
+    if title is not None and not isinstance(title, str):
+        raise checks.InputTypeError(f"title must be a string or None, got {title!r:.60}.")
     chip_w, chip_h, gap = 128, 88, 34
     core_w, core_h, pad = 48, 40, 4  # pad: how far a link keeps from a core it passes
     # The room a "chip (x, y)" label takes: 12 px DejaVu Sans (the first font of the stack)
