@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import mesh_of
 
@@ -19,11 +21,13 @@ def _bytes(fn, *args) -> dict[str, int]:
     return sent
 
 
-@pytest.mark.parametrize("n", [2, 8])
-def test_formulas_equal_compiled_programs(n):
+@pytest.mark.parametrize(("n", "explicit"), [(2, False), (8, True)])
+def test_formulas_equal_compiled_programs(n, explicit):
+    """On Auto axes and on Explicit ones (jax.make_mesh's default): the programs lay out
+    their arguments themselves, and the bytes are the same."""
     x = jnp.ones((TOKENS, D))
     w = jnp.ones((D, D))
-    mesh = mesh_of(n, ("a",))
+    mesh = mesh_of(n, ("a",), explicit=explicit)
     assert _bytes(axes.data_program(mesh, "a"), w, x) == {
         "all-reduce": axes.data_bytes(D * D * 4, n)}
     fsdp = _bytes(axes.fsdp_program(mesh, "a"), w, x)
@@ -82,9 +86,103 @@ def test_placement_puts_the_heaviest_axes_inside_a_node():
     assert sum(seconds.values()) < sum(slow.values())
 
 
+def test_programs_run_on_inputs_laid_out_otherwise():
+    """Explicit axes refuse a shard_map input whose layout differs from in_specs; the
+    programs move it first, and compute the same numbers as on Auto axes."""
+    x = jnp.arange(TOKENS * D, dtype=jnp.float32).reshape(TOKENS, D) / 100
+    w = jnp.eye(D)
+    results = {}
+    for explicit in (False, True):
+        mesh = mesh_of(4, ("a",), explicit=explicit)
+        x_cols = jax.device_put(x, jax.NamedSharding(mesh, jax.P(None, "a")))
+        results[explicit] = (axes.data_program(mesh, "a")(w, x_cols),
+                             axes.pipeline_program(mesh, "a")(x_cols))
+    for got, want in zip(results[True], results[False], strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(results[True][0]), 2 * np.asarray(x.T @ x),
+                               rtol=1e-5)
+
+
+def test_traffic_takes_a_jax_mesh_of_either_axis_type():
+    model = axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4)
+    want = axes.traffic(model, {"data": 2, "tensor": 4})
+    for explicit in (False, True):
+        mesh = mesh_of(8, ("data", "tensor"), (2, 4), explicit=explicit)
+        assert axes.traffic(model, mesh) == want
+
+
+def test_mixtral_from_its_published_config():
+    """composing.md: Mixtral 8x7B has 46.7 B parameters, 12.9 B used per token (Mistral
+    AI's figures: 47 B and 13 B); the page's model has its widths but 2-matrix experts,
+    full multi-head attention and no embeddings."""
+    counts = axes.mixtral_params()
+    assert counts["total"] == 46_702_792_704
+    assert counts["active"] == 12_879_925_248
+    assert counts["experts"] == 32 * 8 * 3 * 4096 * 14336
+    assert counts["attention"] == 32 * (2 * 4096 ** 2 + 2 * 4096 * 1024)
+    model = axes.Model(n_layers=32, d_model=4096, d_ff=14336, batch=256, seq_len=4096,
+                       n_experts=8, top_k=2)
+    assert model.dense_params + model.expert_params == 32_212_254_720
+    assert model.expert_params * 3 == counts["experts"] * 2
+    tied = axes.mixtral_params({**axes.MIXTRAL_8X7B, "tie_word_embeddings": True})
+    assert counts["total"] - tied["total"] == 32000 * 4096
+
+
+def test_numpy_scalars_work_like_python_ints():
+    model = axes.Model(n_layers=np.int64(4), d_model=np.int32(8), d_ff=32, batch=16,
+                       seq_len=4, capacity_factor=np.float32(1.5))
+    assert isinstance(model.n_layers, int) and isinstance(model.capacity_factor, float)
+    assert model == axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4,
+                               capacity_factor=1.5)
+    assert axes.traffic(model, {"data": np.int64(4)}) == axes.traffic(model, {"data": 4})
+    assert axes.pipeline_bytes(np.int64(100), np.int64(8), sends=np.int64(2)) == 200
+    assert axes.fsdp_bytes(80, 8, gathers=np.int8(1)) == 140
+
+
 def test_bad_inputs():
     model = axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4)
+    rows = axes.traffic(model, {"data": 4})
+    placement = axes.place_axes(rows, devices_per_node=8)
+    links = {"fast_bandwidth": 1e11, "slow_bandwidth": 1e10}
     cases = [
+        (lambda: axes.pipeline_bytes(100, 8, sends="2"), checks.InputTypeError, "sends"),
+        (lambda: axes.pipeline_bytes(100, 8, sends=-1), checks.InputError, "sends"),
+        (lambda: axes.pipeline_bytes(100, "8", sends=2), checks.InputTypeError, "group_size"),
+        (lambda: axes.pipeline_bytes(-100, 1, sends=2), checks.InputError, "buffer_bytes"),
+        (lambda: axes.fsdp_bytes(100, 8, gathers=1.5), checks.InputTypeError, "gathers"),
+        (lambda: axes.tensor_bytes(100, 8, all_reduces=None), checks.InputTypeError,
+         "all_reduces"),
+        (lambda: axes.expert_bytes(100, 8, all_to_alls=True), checks.InputTypeError,
+         "all_to_alls"),
+        (lambda: axes.data_bytes(100, 0), checks.InputError, "group_size"),
+        (lambda: axes.data_bytes(float("nan"), 8), checks.InputTypeError, "buffer_bytes"),
+        (lambda: axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4,
+                            capacity_factor=float("nan")), checks.InputError, "finite"),
+        (lambda: axes.Model(n_layers=4.0, d_model=8, d_ff=32, batch=16, seq_len=4),
+         checks.InputTypeError, "n_layers"),
+        (lambda: axes.traffic(model, {"data": 4}, remat=1), checks.InputTypeError, "remat"),
+        (lambda: axes.traffic(model, {"data": 4}, n_microbatches=0), checks.InputError,
+         "n_microbatches"),
+        (lambda: axes.place_axes("rows", devices_per_node=8), checks.InputTypeError, "rows"),
+        (lambda: axes.place_axes([rows[0].row()], devices_per_node=8), checks.InputTypeError,
+         "AxisTraffic"),
+        (lambda: axes.link_seconds(rows, {"data": "fast"}, **links), checks.InputError,
+         "no link for axis 'fsdp'"),
+        (lambda: axes.link_seconds(rows, {**placement, "data": "medium"}, **links),
+         checks.InputError, "medium"),
+        (lambda: axes.link_seconds(rows, list(placement), **links), checks.InputTypeError,
+         "placement"),
+        (lambda: axes.link_seconds(rows, placement, fast_bandwidth=float("nan"),
+                                   slow_bandwidth=1e10), checks.InputError, "finite"),
+        (lambda: axes.mixtral_params({"hidden_size": 4096}), checks.InputError, "lacks"),
+        (lambda: axes.mixtral_params({**axes.MIXTRAL_8X7B, "hidden_act": "gelu"}),
+         checks.InputError, "hidden_act"),
+        (lambda: axes.mixtral_params({**axes.MIXTRAL_8X7B, "num_experts_per_tok": 9}),
+         checks.InputError, "at most 8"),
+        (lambda: axes.mixtral_params([]), checks.InputTypeError, "mapping"),
+        (lambda: axes.pipeline_program("mesh", "a"), checks.InputTypeError, "Mesh"),
+        (lambda: axes.tensor_program(mesh_of(2, ("a",), explicit=True), "b"),
+         checks.InputError, "not an axis"),
         (lambda: axes.traffic(model, {"batch": 2}), checks.InputError, "mesh axis"),
         (lambda: axes.traffic(model, {"data": 3}), checks.InputError, "divisible"),
         (lambda: axes.traffic(model, {"pipeline": 3}), checks.InputError, "n_layers"),

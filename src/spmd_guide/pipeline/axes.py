@@ -21,7 +21,12 @@ expert      tokens to their experts and back (2 all-to-alls      all-to-all (+ a
 :func:`traffic` turns those rules into numbers with the ring model of
 :func:`spmd_guide.core.hlo.ring_bytes`; :func:`place_axes` puts the axes that move the most
 bytes on the fast links inside a node. The small programs at the end (``*_program``) do one
-axis's collective on a real mesh, so the formulas can be checked against the compiled HLO.
+axis's collective on a real mesh (Auto or Explicit axes), so the formulas can be checked
+against the compiled HLO. :func:`mixtral_params` counts a published Mixtral configuration,
+to compare with the simpler :class:`Model`.
+
+Arguments are checked first (:mod:`spmd_guide.core.checks`): counts are integers (NumPy's
+included), bandwidths and the capacity factor positive finite numbers (NaN refused).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -55,23 +60,28 @@ def fsdp_bytes(param_bytes: int, n: int, *, gathers: int = 2) -> int:
     """FSDP: ``gathers`` all-gathers of the parameters (forward, and again in the backward
     pass with remat) and one reduce-scatter of the gradients; ``param_bytes`` is the full
     (gathered) size."""
+    gathers = checks.count("gathers", gathers, minimum=0)
     return (gathers * ring_bytes("all-gather", param_bytes, n)
             + ring_bytes("reduce-scatter", param_bytes, n))
 
 
 def tensor_bytes(activation_bytes: int, n: int, *, all_reduces: int) -> int:
     """Tensor parallelism: ``all_reduces`` all-reduces of an activation ``[tokens, d_model]``."""
+    all_reduces = checks.count("all_reduces", all_reduces, minimum=0)
     return all_reduces * ring_bytes("all-reduce", activation_bytes, n)
 
 
 def pipeline_bytes(activation_bytes: int, n: int, *, sends: int) -> int:
     """Pipeline parallelism: ``sends`` collective-permutes of an activation to the next (or
     previous) stage; nothing when there is one stage."""
-    return sends * ring_bytes("collective-permute", activation_bytes, n) if n > 1 else 0
+    sends = checks.count("sends", sends, minimum=0)
+    sent = ring_bytes("collective-permute", activation_bytes, n)  # checks both
+    return sends * sent if n > 1 else 0
 
 
 def expert_bytes(buffer_bytes: int, n: int, *, all_to_alls: int) -> int:
     """Expert parallelism: ``all_to_alls`` all-to-alls of a dispatch buffer."""
+    all_to_alls = checks.count("all_to_alls", all_to_alls, minimum=0)
     return all_to_alls * ring_bytes("all-to-all", buffer_bytes, n)
 
 
@@ -96,11 +106,14 @@ class Model:
     bytes_per_value: int = 2
 
     def __post_init__(self) -> None:
+        # NumPy scalars are accepted and stored as Python numbers (NaN is refused).
         for name in ("n_layers", "d_model", "d_ff", "batch", "seq_len", "n_experts",
-                     "top_k", "bytes_per_value"):
-            checks.count(name, getattr(self, name))
-        checks.count("top_k", self.top_k, maximum=self.n_experts)
-        checks.real("capacity_factor", self.capacity_factor, positive=True)
+                     "bytes_per_value"):
+            object.__setattr__(self, name, checks.count(name, getattr(self, name)))
+        object.__setattr__(self, "top_k",
+                           checks.count("top_k", self.top_k, maximum=self.n_experts))
+        object.__setattr__(self, "capacity_factor", checks.real(
+            "capacity_factor", self.capacity_factor, positive=True))
 
     @property
     def dense_params(self) -> int:
@@ -117,6 +130,53 @@ class Model:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq_len
+
+
+#: Mixtral 8x7B as published: the fields of its Hugging Face ``config.json``
+#: (``mistralai/Mixtral-8x7B-Instruct-v0.1``, commit eba92302a2861cdc0098cc54bc9f17cb2c47eb61;
+#: the base model ``Mixtral-8x7B-v0.1`` has the same) that fix its parameter count.
+MIXTRAL_8X7B: dict[str, Any] = {
+    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+def mixtral_params(config: Mapping[str, Any] = MIXTRAL_8X7B) -> dict[str, int]:
+    """Parameters of a Mixtral-style decoder, counted from its Hugging Face ``config``.
+
+    Per layer: grouped-query attention (query and output ``d x d``; key and value ``d x
+    kv_heads * head_dim``), a router ``d x n_experts``, ``n_experts`` SwiGLU experts of three
+    ``d x d_ff`` matrices, two RMSNorm scales; then a final norm and an untied embedding and
+    output head, ``vocab x d`` each. No biases. Returns the parts, ``total``, and ``active``:
+    what one token uses (``top_k`` experts instead of all).
+    """
+    if not isinstance(config, Mapping):
+        raise checks.InputTypeError(
+            f"config must be a mapping of Hugging Face config fields such as "
+            f"axes.MIXTRAL_8X7B, got {type(config).__name__}.")
+    missing = sorted(set(MIXTRAL_8X7B) - set(config))
+    if missing:
+        raise checks.InputError(f"config lacks the fields {missing}.")
+    checks.one_of("hidden_act", config["hidden_act"], ("silu",))  # SwiGLU: 3 matrices
+    d, d_ff, layers, vocab, heads, kv_heads, experts = (checks.count(k, config[k]) for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size",
+        "num_attention_heads", "num_key_value_heads", "num_local_experts"))
+    top_k = checks.count("num_experts_per_tok", config["num_experts_per_tok"], maximum=experts)
+    checks.divisible("hidden_size", d, heads, why="into attention heads")
+    kv = kv_heads * (d // heads)
+    expert = 3 * d * d_ff
+    parts = {
+        "attention": layers * (2 * d * d + 2 * d * kv),
+        "experts": layers * experts * expert,
+        "router": layers * d * experts,
+        "norms": (2 * layers + 1) * d,
+        "embeddings": (1 if checks.flag("tie_word_embeddings", config["tie_word_embeddings"])
+                       else 2) * vocab * d,
+    }
+    total = sum(parts.values())
+    return {**parts, "total": total, "active": total - layers * (experts - top_k) * expert}
 
 
 @dataclass(frozen=True)
@@ -138,7 +198,9 @@ class AxisTraffic:
                 "what": self.what}
 
 
-def _sizes(mesh: Mapping[str, int]) -> dict[str, int]:
+def _sizes(mesh: Mapping[str, int] | Mesh) -> dict[str, int]:
+    if isinstance(mesh, Mesh):  # only its axis sizes matter (Auto or Explicit alike)
+        mesh = dict(mesh.shape)
     if not isinstance(mesh, Mapping):
         raise checks.InputTypeError(
             f"mesh must map axis names to sizes, such as {{'data': 2, 'tensor': 4}}, got "
@@ -216,6 +278,15 @@ def _check_traffic(model: Any, mesh: Any, n_microbatches: Any) -> dict[str, int]
     return s
 
 
+def _rows(rows: Any) -> list[AxisTraffic]:
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (list, tuple)) or not all(
+            isinstance(r, AxisTraffic) for r in rows):
+        raise checks.InputTypeError(
+            f"rows must be the list of AxisTraffic that axes.traffic returns, got "
+            f"{type(rows).__name__}.")
+    return list(rows)
+
+
 def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
                ) -> dict[str, str]:
     """Which link each axis should use: ``"fast"`` (inside a node or slice:
@@ -225,6 +296,7 @@ def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
     while the product of their sizes still divides ``devices_per_node``; the
     rest go across.
     """
+    rows = _rows(rows)
     devices_per_node = checks.count("devices_per_node", devices_per_node)
     inside = 1
     placement: dict[str, str] = {}
@@ -243,13 +315,37 @@ def link_seconds(rows: list[AxisTraffic], placement: Mapping[str, str], *,
                  fast_bandwidth: float, slow_bandwidth: float) -> dict[str, float]:
     """Seconds each axis spends sending its bytes at its link's bandwidth (bytes/s per
     device, one direction), with no overlap and no latency: a lower bound, for ranking."""
+    rows = _rows(rows)
     fast = checks.real("fast_bandwidth", fast_bandwidth, positive=True)
     slow = checks.real("slow_bandwidth", slow_bandwidth, positive=True)
     speed = {"fast": fast, "slow": slow, "none": math.inf}
+    if not isinstance(placement, Mapping):
+        raise checks.InputTypeError(
+            f"placement must map each axis to 'fast', 'slow' or 'none' (as place_axes "
+            f"returns), got {type(placement).__name__}.")
+    for r in rows:
+        if r.axis not in placement:
+            raise checks.InputError(
+                f"placement has no link for axis {r.axis!r}; it names {sorted(placement)}.")
+        checks.one_of(f"link of axis {r.axis!r}", placement[r.axis], speed)
     return {r.axis: r.bytes_sent / speed[placement[r.axis]] for r in rows}
 
 
 # --------------------------------------------------------------------------- compiled checks
+
+
+def _program(body: Callable[..., Any], mesh: Mesh, in_specs: tuple[P, ...],
+             out_specs: P) -> Callable[..., Any]:
+    """``body`` under ``jax.shard_map``, jitted, its arguments first laid out as ``in_specs``
+    say: on Explicit axes ``shard_map`` refuses an argument laid out otherwise, and
+    ``jax.device_put`` (a no-op where the layout already holds) works on both axis types."""
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def program(*args: Any) -> Any:
+        return mapped(*(jax.device_put(a, NamedSharding(mesh, spec))
+                        for a, spec in zip(args, in_specs, strict=True)))
+
+    return jax.jit(program)
 
 
 def data_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -260,9 +356,7 @@ def data_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
         local = jnp.sum((x @ w) ** 2)
         return jax.lax.psum(local, axis_name)
 
-    body = jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=(P(), P(axis_name)),
-                         out_specs=P())
-    return jax.jit(body)
+    return _program(jax.grad(loss), mesh, (P(), P(axis_name)), P())
 
 
 def fsdp_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -273,9 +367,7 @@ def fsdp_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
         w = jax.lax.all_gather(w_shard, axis_name, tiled=True)
         return jax.lax.psum(jnp.sum((x @ w) ** 2), axis_name)
 
-    body = jax.shard_map(jax.grad(loss), mesh=mesh,
-                         in_specs=(P(axis_name), P(axis_name)), out_specs=P(axis_name))
-    return jax.jit(body)
+    return _program(jax.grad(loss), mesh, (P(axis_name), P(axis_name)), P(axis_name))
 
 
 def tensor_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -286,9 +378,7 @@ def tensor_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
     def block(x, w1, w2):
         return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, axis_name)
 
-    body = jax.shard_map(block, mesh=mesh, in_specs=(P(), P(None, axis_name), P(axis_name)),
-                         out_specs=P())
-    return jax.jit(body)
+    return _program(block, mesh, (P(), P(None, axis_name), P(axis_name)), P())
 
 
 def pipeline_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -298,5 +388,4 @@ def pipeline_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
     def tick(h):
         return jax.lax.ppermute(h, axis_name, [(i, (i + 1) % n) for i in range(n)])
 
-    body = jax.shard_map(tick, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))
-    return jax.jit(body)
+    return _program(tick, mesh, (P(axis_name),), P(axis_name))
