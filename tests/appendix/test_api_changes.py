@@ -89,3 +89,27 @@ BAD_INPUT = [
 def test_bad_input_gets_the_packages_clear_error(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_the_old_random_setting_communicates_but_gives_one_devices_numbers():
+    """The sharp bit as coming_from_notebooks.md states it (the docs' example: key 42, 24
+    numbers, 8 devices): in both modes sharded numbers equal one device's; only the old
+    mode communicates; the modes give different numbers (the docs' two printed lists)."""
+    import numpy as np
+    from helpers import mesh_of
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from spmd_guide.randomness import prng
+
+    key = jax.random.key(42)
+    x = jax.numpy.arange(24.0)
+    sharded = prng.compare_modes(prng.add_uniform_noise, key,
+                                 jax.device_put(x, NamedSharding(mesh_of(8), P("x"))))
+    single = prng.compare_modes(prng.add_uniform_noise, key, x)
+    for mode in (False, True):
+        np.testing.assert_array_equal(sharded[mode].values, single[mode].values)
+    assert sharded[False].collectives["collective-permute"] > 0
+    assert sharded[True].total_collectives == 0
+    np.testing.assert_allclose(sharded[False].values[:3], [0.72503686, 1.8532515, 2.983416])
+    np.testing.assert_allclose(sharded[True].values[:3], [0.48870957, 1.6797972, 2.6162715])
