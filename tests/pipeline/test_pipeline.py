@@ -45,6 +45,46 @@ def test_loss_and_gradients_equal_the_reference(model, n_stages, n_micro):
             assert grad.sharding.is_equivalent_to(leaf.sharding, leaf.ndim)  # no drift
 
 
+def _explicit(mesh):
+    """The same devices and axis names with Explicit axes (jax.make_mesh's default)."""
+    return jax.make_mesh(mesh.axis_sizes, mesh.axis_names, devices=mesh.devices.ravel(),
+                         axis_types=(jax.sharding.AxisType.Explicit,) * len(mesh.axis_names))
+
+
+def test_explicit_axes_give_the_reference_from_any_layout(model):
+    """jax.make_mesh's default axes are Explicit: the loss lays out params and batch itself
+    (here arrays not placed on the mesh at all)."""
+    params, batch, want = model
+    strategy = pipeline.STRATEGIES["1f1b"]
+    mesh = _explicit(strategy.mesh(DEVICES[:4]))
+    assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+    loss = strategy.loss(mesh, n_microbatches=3)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, batch)
+    _assert_close(got, want)
+    assert got[1][0]["w"].sharding.is_equivalent_to(NamedSharding(mesh, P("stage")), 3)
+
+
+@pytest.mark.slow
+def test_explicit_eager_grad_training_and_profile(model):
+    params, batch, want = model
+    strategy = pipeline.STRATEGIES["gpipe"]
+    mesh4 = _explicit(strategy.mesh(DEVICES[:4]))
+    placed = strategy.shard(params, batch, mesh4)
+    assert placed[0]["w"].sharding == strategy.param_shardings(mesh4)["w"]
+    loss = strategy.loss(mesh4, n_microbatches=3)
+    with jax.set_mesh(mesh4):  # JAX's rule for eager grad of any loss on Explicit axes
+        _assert_close(jax.value_and_grad(loss, argnums=(0, 1))(*placed), want)
+    want_loss = want[0]
+    mesh = _explicit(strategy.mesh(DEVICES[:8], data=2))
+    step = pipeline.make_train_step(strategy, mesh, n_microbatches=3, learning_rate=0.1)
+    new, loss = step(*strategy.shard(params, batch, mesh))
+    np.testing.assert_allclose(float(loss), float(want_loss), rtol=2e-5)
+    assert new["w"].sharding.is_equivalent_to(NamedSharding(mesh, P("stage")), 3)
+    rows = pipeline.profile(params, batch, _explicit(strategy.mesh(DEVICES[:2])),
+                            n_microbatches=2)
+    assert all(r["_error"] < 1e-4 and r["ppermutes"] == 2 for r in rows)
+
+
 def test_data_by_stage_training_keeps_layouts(model):
     params, batch, (want_loss, (want_grads, _)) = model
     strategy = pipeline.STRATEGIES["1f1b"]
@@ -109,6 +149,37 @@ def _bad_cases():
         (lambda: pipeline.init_stack(0.5, 2, 4), InputTypeError, "key"),
         (lambda: pipeline.make_train_step(pipeline.STRATEGIES["gpipe"], mesh4, n_microbatches=2,
                                     learning_rate=-1.0), InputError, "positive"),
+        (lambda: pipeline.make_train_step(pipeline.STRATEGIES["gpipe"], mesh4, n_microbatches=2,
+                                    learning_rate=float("nan")), InputError, "finite"),
+        (lambda: pipeline.make_train_step("gpipe", mesh4, n_microbatches=2, learning_rate=0.1),
+         InputTypeError, "PipelineStrategy"),
+        (lambda: pipeline.init_stack(0, 2, 4, dtype=np.int32), InputTypeError, "float dtype"),
+        (lambda: pipeline.init_stack(0, 2, 4, dtype="text"), InputTypeError, "float dtype"),
+        (lambda: pipeline.init_stack(0, 2, "4"), InputTypeError, "width"),
+        (lambda: pipeline.make_batch(0, -8, 4), InputError, "batch_size"),
+        (lambda: pipeline.stack_loss(params8, batch[0]), InputTypeError, "pair"),
+        (lambda: pipeline.stack_loss({"w": params8["w"], "b": params8["w"]}, batch), InputError,
+         "params\\['b'\\]"),
+        (lambda: pipeline.apply_layers(params8, np.zeros((8, 5), np.float32)), InputError,
+         "width 4"),
+        (lambda: pipeline.apply_layers(params8, np.zeros((8, 4), np.int32)), InputTypeError,
+         "floating"),
+        (lambda: pipeline.STRATEGIES["gpipe"].mesh("cpu"), InputTypeError, "devices"),
+        (lambda: pipeline.STRATEGIES["gpipe"].mesh([0, 1]), InputTypeError, "devices"),
+        (lambda: pipeline.STRATEGIES["gpipe"].param_shardings(
+            jax.make_mesh((2,), ("x",), devices=DEVICES[:2])), InputError, "'stage'"),
+        (lambda: pipeline.STRATEGIES["gpipe"].batch_sharding("mesh"), InputTypeError, "Mesh"),
+        (lambda: pipeline.pipelined_loss(mesh4, schedule="interleaved", n_microbatches=2),
+         InputError, "schedule"),
+        (lambda: pipeline.activation_buffer_bytes("gpipe", 4, 8, batch_size=12, width=4),
+         InputError, "batch_size is 12"),
+        (lambda: pipeline.activation_buffer_bytes("gpipe", 4, 8, batch_size=16, width=0),
+         InputError, "width"),
+        (lambda: pipeline.profile(params8, batch, mesh4, n_microbatches=0), InputError,
+         "n_microbatches"),
+        (lambda: pipeline.profile(params8, batch, "mesh", n_microbatches=2), InputTypeError,
+         "Mesh"),
+        (lambda: pipeline.profile_table("rows"), InputTypeError, "profile"),
     ]
 
 
@@ -116,6 +187,17 @@ def test_bad_input_is_refused_before_any_computation():
     for call, error, word in _bad_cases():
         with pytest.raises(error, match=word):
             call()
+
+
+def test_numpy_scalars_work_like_python_ints():
+    strategy = pipeline.STRATEGIES["gpipe"]
+    mesh = strategy.mesh(DEVICES[:np.int64(4)], data=np.int64(1))
+    assert dict(mesh.shape) == {"stage": 4}
+    params = pipeline.init_stack(np.int64(0), np.int64(4), np.int32(4))
+    assert params["w"].shape == (4, 4, 4)
+    assert pipeline.activation_buffer_bytes("1f1b", np.int64(4), np.int64(8),
+                                            batch_size=np.int64(16), width=np.int64(4)) == 256
+    strategy.loss(mesh, n_microbatches=np.int64(2))  # accepted
 
 
 def test_reference_is_the_squared_error_of_the_stack(model):

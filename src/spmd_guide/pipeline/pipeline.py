@@ -16,6 +16,10 @@ stage from that input with ``jax.vjp`` (GPipe's re-materialization) and frees th
 number of buffers is the schedule's peak of microbatches in flight: ``M`` for GPipe, ``S`` for
 1F1B, which is 1F1B's saving. The loss is a ``jax.custom_vjp``: its gradients are the ones the
 schedule's backward steps computed, so ``jax.grad`` runs the pipeline's own backward pass.
+
+Meshes may have Auto or Explicit axes (``jax.make_mesh``'s default): the loss lays out its
+inputs itself. Arguments are checked first (:mod:`spmd_guide.core.checks`; NumPy scalars
+accepted, a NaN learning rate refused); the values inside arrays are not inspected.
 """
 
 from __future__ import annotations
@@ -64,7 +68,19 @@ def init_stack(key: Any, n_layers: int, width: int, *, dtype: Any = jnp.float32)
     key = checks.key("key", key)
     n_layers = checks.count("n_layers", n_layers)
     width = checks.count("width", width)
-    return _init_stack(key, n_layers, width, jnp.dtype(dtype))
+    return _init_stack(key, n_layers, width, _float_dtype(dtype))
+
+
+def _float_dtype(dtype: Any) -> np.dtype:
+    try:
+        dtype = jnp.dtype(dtype)
+    except TypeError:
+        raise checks.InputTypeError(f"dtype must be a float dtype such as jnp.float32, got "
+                                    f"{dtype!r}.") from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise checks.InputTypeError(f"dtype must be a float dtype (the layers are trained), "
+                                    f"got {dtype}.")
+    return dtype
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -76,6 +92,7 @@ def _init_stack(key: jax.Array, n_layers: int, width: int, dtype: Any) -> Params
 def apply_layers(params: Params, x: jax.Array) -> jax.Array:
     """Run ``x: [B, width]`` through every layer of ``params`` in order, so the same function
     is the whole model and one stage's share of it."""
+    check_stack(params, (x, x))  # shapes and dtypes, or a clear error
     for w, b in zip(params["w"], params["b"], strict=True):
         x = jnp.tanh(x @ w + b)
     return x
@@ -84,6 +101,7 @@ def apply_layers(params: Params, x: jax.Array) -> jax.Array:
 def stack_loss(params: Params, batch: Batch) -> jax.Array:
     """The one-device reference: mean over the batch of the squared error summed over
     features."""
+    check_stack(params, batch)
     x, y = batch
     error = apply_layers(params, x) - y
     return jnp.mean(jnp.sum(error**2, axis=-1))
@@ -227,7 +245,10 @@ def pipelined_loss(mesh: Mesh, *, schedule: str, n_microbatches: int) -> LossFn:
     optionally ``data``: one pipeline per data group, gradients averaged over groups).
 
     Its gradient (``jax.grad``) is the one the schedule's backward steps computed; asking only
-    for the loss still runs the whole schedule.
+    for the loss still runs the whole schedule. The mesh's axes may be Auto or Explicit
+    (``jax.make_mesh``'s default): ``params`` and ``batch`` are laid out as the pipeline needs,
+    wherever they are. On Explicit axes JAX itself runs ``jax.grad`` only under ``jax.jit``
+    or inside ``jax.set_mesh(mesh)`` (its rule for any loss on such a mesh).
     """
     checks.mesh("mesh", mesh)
     checks.one_of("schedule", schedule, SCHEDULES)
@@ -242,10 +263,10 @@ def pipelined_loss(mesh: Mesh, *, schedule: str, n_microbatches: int) -> LossFn:
     n_data = mesh.shape[data_axis] if data_axis else 1
     plan = build_schedule(schedule, n_stages, n_micro)
     batch_spec = P(data_axis)
-    run = jax.shard_map(
+    run = jax.jit(jax.shard_map(  # jitted: an eager call compiles once, not op by op
         functools.partial(_run_schedule, schedule=plan, data_axis=data_axis), mesh=mesh,
         in_specs=(P("stage"), batch_spec, batch_spec),
-        out_specs=(P(), P("stage"), batch_spec, batch_spec))
+        out_specs=(P(), P("stage"), batch_spec, batch_spec)))
 
     def check(params: Params, batch: Batch) -> None:
         n_layers, _, batch_size = check_stack(params, batch)
@@ -271,7 +292,11 @@ def pipelined_loss(mesh: Mesh, *, schedule: str, n_microbatches: int) -> LossFn:
 
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         check(params, batch)
-        return loss_and_grads(params, tuple(batch))
+        # Laid out as shard_map's in_specs say: Explicit axes refuse any other layout, and
+        # device_put (a no-op where the layout already holds) works on both axis types.
+        params = jax.device_put(params, NamedSharding(mesh, P("stage")))
+        batch = tuple(jax.device_put(a, NamedSharding(mesh, batch_spec)) for a in batch)
+        return loss_and_grads(params, batch)
 
     loss_fn.__name__ = f"{schedule}_loss"
     return loss_fn
@@ -290,7 +315,7 @@ class PipelineStrategy:
     def mesh(self, devices: Sequence[jax.Device] | None = None, *, data: int = 1) -> Mesh:
         """A ``('stage',)`` mesh over ``devices`` (default all), or ``('data', 'stage')`` with
         ``data`` pipelines side by side."""
-        devices = list(jax.devices() if devices is None else devices)
+        devices = _devices(devices)
         data = checks.count("data", data)
         checks.divisible("number of devices", len(devices), data,
                          why="(the data-parallel groups)")
@@ -300,10 +325,12 @@ class PipelineStrategy:
 
     def param_shardings(self, mesh: Mesh) -> dict[str, NamedSharding]:
         """Every leaf split over ``stage`` on axis 0 (replicated over ``data``)."""
+        checks.axis(mesh, "stage", name="pipeline axis")
         return {"w": NamedSharding(mesh, P("stage")), "b": NamedSharding(mesh, P("stage"))}
 
     def batch_sharding(self, mesh: Mesh) -> NamedSharding:
         """Batch rows split over ``data`` if the mesh has it; replicated over ``stage``."""
+        checks.axis(mesh, "stage", name="pipeline axis")
         return NamedSharding(mesh, P("data" if "data" in mesh.shape else None))
 
     def shard(self, params: Params, batch: Batch, mesh: Mesh) -> tuple[Params, Batch]:
@@ -325,6 +352,22 @@ class PipelineStrategy:
         return pipelined_loss(mesh, schedule=self.name, n_microbatches=n_microbatches)
 
 
+def _devices(devices: Any) -> list[jax.Device]:
+    """``devices`` as a list of JAX devices (all of them when ``None``)."""
+    if devices is None:
+        return list(jax.devices())
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"devices must be a list of JAX devices such as jax.devices()[:4], got "
+            f"{type(devices).__name__}.")
+    devices = list(np.ravel(np.asarray(devices, dtype=object)))
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise checks.InputTypeError(
+            f"devices must be a non-empty list of JAX devices such as jax.devices()[:4], got "
+            f"{devices!r:.60}.")
+    return devices
+
+
 STRATEGIES: dict[str, PipelineStrategy] = {
     "gpipe": PipelineStrategy("gpipe", "all forwards, then all backwards"),
     "1f1b": PipelineStrategy("1f1b", "warm-up forwards, then one forward, one backward"),
@@ -335,6 +378,10 @@ def make_train_step(strategy: PipelineStrategy, mesh: Mesh, *, n_microbatches: i
                     learning_rate: float) -> Callable[[Params, Batch], tuple[Params, jax.Array]]:
     """A jitted SGD ``step(params, batch) -> (params, loss)`` whose new parameters are pinned
     to the strategy's shardings (``out_shardings``), so the layout never drifts."""
+    if not isinstance(strategy, PipelineStrategy):
+        raise checks.InputTypeError(
+            f"strategy must be a PipelineStrategy such as pipeline.STRATEGIES['1f1b'], got "
+            f"{type(strategy).__name__}.")
     lr = checks.real("learning_rate", learning_rate, positive=True)
     loss_fn = strategy.loss(mesh, n_microbatches=n_microbatches)
 
@@ -354,6 +401,10 @@ def activation_buffer_bytes(schedule: str, n_stages: int, n_microbatches: int, *
     """Bytes of the per-stage buffers the executed schedule keeps: ``n_slots`` stored stage
     inputs plus ``n_slots`` received gradients, each ``[batch_size / M, width]``."""
     slots = build_schedule(schedule, n_stages, n_microbatches).n_slots
+    batch_size = checks.count("batch_size", batch_size)
+    checks.divisible("batch_size", batch_size, n_microbatches, why="into microbatches")
+    width = checks.count("width", width)
+    itemsize = checks.count("itemsize", itemsize)
     return 2 * slots * (batch_size // n_microbatches) * width * itemsize
 
 
@@ -362,15 +413,23 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
     """One compiled ``value_and_grad`` per schedule on ``mesh``, and what it shows: its
     largest difference from the reference (loss and gradients), its ``collective-permute``
     ops, microbatches in flight (from the schedule), the bytes of activation buffers that
-    implies, and the temporaries XLA's memory analysis reports per device."""
+    implies, and the temporaries XLA's memory analysis reports per device.
+
+    Compiled with :data:`spmd_guide.core.hlo.FAST_COMPILE` (programs run once: the HLO, its
+    collectives and its memory analysis are unchanged, the machine code less optimised).
+    """
     n_stages = checks.axis(mesh, "stage", name="pipeline axis")
+    n_microbatches = checks.count("n_microbatches", n_microbatches, maximum=100_000)
     _, width, batch_size = check_stack(params, batch)
-    ref_loss, ref_grads = reference_value_and_grad(params, batch)
+    # The reference runs on one device, from host copies (on Explicit axes a stage-sharded
+    # stack cannot be unstacked layer by layer).
+    ref_loss, ref_grads = reference_value_and_grad(*jax.device_get((params, tuple(batch))))
     rows = []
     for name, strategy in STRATEGIES.items():
         plan = build_schedule(name, n_stages, n_microbatches)
         loss_fn = strategy.loss(mesh, n_microbatches=n_microbatches)
-        compiled = hlo.compile(jax.jit(jax.value_and_grad(loss_fn)), params, batch)
+        compiled = hlo.compile(jax.jit(jax.value_and_grad(loss_fn)), params, batch,
+                               compiler_options=hlo.FAST_COMPILE)
         loss, grads = compiled(params, batch)
         error = max(float(jnp.max(jnp.abs(a - b))) for a, b in
                     zip(jax.tree.leaves((loss, grads)), jax.tree.leaves((ref_loss, ref_grads)), strict=True))
@@ -389,6 +448,10 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
 
 def profile_table(rows: list[dict[str, Any]]) -> Table:
     """The rows of :func:`profile` as a page table (without the raw numbers)."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "schedule" in r
+                                             for r in rows):
+        raise checks.InputTypeError(
+            f"rows must be the list that pipeline.profile returns, got {type(rows).__name__}.")
     return Table([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
 
 
