@@ -145,7 +145,10 @@ def test_data_parallel_gradient_psums_come_from_the_broadcast_transpose(model):
 def test_fsdp_gathers_weights_and_reduce_scatters_gradients(model):
     step, params, batch, *_ = _step("fsdp", 8, model)
     counts = hlo.collective_counts(step, params, batch)
-    assert counts["all-gather"] == 2 * LAYERS and counts["reduce-scatter"] == 2 * LAYERS
+    # a gather of every array in the forward pass, and (remat, kept by XLA:CPU in JAX 0.12;
+    # test_remat) a re-gather of every weight but the first in the backward pass
+    assert counts["all-gather"] == 2 * LAYERS + (LAYERS - 1)
+    assert counts["reduce-scatter"] == 2 * LAYERS
     auto_step, auto_params, auto_batch, *_ = _step("auto_fsdp", 8, model)
     auto = hlo.collective_counts(auto_step, auto_params, auto_batch)
     # jit + constraint: the same weight gathers, but the gradients are all-reduced whole.
@@ -153,9 +156,12 @@ def test_fsdp_gathers_weights_and_reduce_scatters_gradients(model):
     param_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(model[0]))
     auto_bytes = hlo.communication_bytes(auto_step, auto_params, auto_batch)
     assert auto_bytes == pytest.approx(3 * 7 / 8 * param_bytes, rel=0.01)  # auto chapter, ex. 3
-    # Hand-written FSDP sends what data parallelism sends: all-gather + reduce-scatter.
+    # Hand-written FSDP sends what data parallelism sends (all-gather + reduce-scatter = one
+    # all-reduce), plus the re-gathered weights.
     dp_step, dp_params, dp_batch, *_ = _step("dp", 8, model)
-    assert hlo.communication_bytes(step, params, batch) == hlo.communication_bytes(dp_step, dp_params, dp_batch)
+    regathered = sum(np.asarray(w).nbytes for w, _ in model[0][1:]) * 7 // 8
+    assert hlo.communication_bytes(step, params, batch) == hlo.communication_bytes(
+        dp_step, dp_params, dp_batch) + regathered
 
 
 def test_exercise_psum_instead_of_pmean_multiplies_the_loss_by_the_device_count(model):
@@ -189,13 +195,6 @@ def test_fsdp_remat_regathers_weights_in_the_traced_backward_pass(model):
     # layer's (no input gradient there); the biases are not needed at all.
     assert counts[True] == (2 * LAYERS, 2 * LAYERS + LAYERS - 1)
 
-
-def test_compiled_fsdp_on_this_backend_merges_the_regathers(model):
-    """What the manual chapter reports for CPU: XLA keeps one all-gather per array."""
-    step, params, batch, *_ = _step("fsdp", 8, model)
-    assert hlo.collective_counts(step, params, batch)["all-gather"] == 2 * LAYERS
-    lowered = step.lower(params, batch).as_text()
-    assert lowered.count("stablehlo.all_gather") == 3 * LAYERS - 1  # before optimization
 
 
 def test_tensor_parallel_reduce_scatters_each_layer_and_psums_the_loss(model):
@@ -291,8 +290,10 @@ def test_gradients_and_steps_keep_every_parameter_layout(name, k, sizes):
 
 
 def test_without_pinning_the_step_can_drift():
-    """Why sgd_step pins: with only the loss constrained, auto_dp_tp on three layers gets its
-    last weight back split over 'model' (the compiler's choice), not replicated."""
+    """Why sgd_step pins: with an unconstrained loss and no ``out_shardings``, auto_dp_tp on
+    three layers gets its last weight back split over 'model' (the compiler's choice), not
+    replicated. (With the strategy's own loss, which constrains the parameters, nothing
+    drifts: test_gradients_and_steps_keep_every_parameter_layout.)"""
     sizes = [8, 16, 16, 8]
     strategy = strategies.STRATEGIES["auto_dp_tp"]
     mesh = strategy.mesh(DEVICES)
@@ -341,38 +342,3 @@ def test_auto_fsdp_all_reduce_comes_from_the_cpu_compiler_not_the_constraint(mod
     assert constrained.total_bytes == unconstrained.total_bytes
 
 
-def test_fsdp_with_honoured_remat_would_send_about_one_and_a_half_times_dp(model):
-    """The manual chapter: compiled FSDP sends what DP sends (re-gathers merged on CPU);
-    adding the re-gathered weights (all but the first layer's) gives about 1.5x."""
-    dp_step, dp_params, dp_batch, *_ = _step("dp", 8, model)
-    step, params, batch, *_ = _step("fsdp", 8, model)
-    dp_bytes = hlo.communication_bytes(dp_step, dp_params, dp_batch)
-    fsdp_bytes = hlo.communication_bytes(step, params, batch)
-    regathered = sum(np.asarray(w).nbytes for w, _ in model[0][1:]) * 7 // 8
-    assert fsdp_bytes == dp_bytes
-    assert (fsdp_bytes + regathered) / dp_bytes == pytest.approx(1.5, abs=0.1)
-
-
-def test_three_layer_fsdp_remat_regathers_are_merged_on_cpu():
-    """coming_from_notebooks.md: 8 all-gathers asked for (6 + 2 re-gathers), 6 compiled."""
-    params = nn.init_mlp(jax.random.key(0), [16, 64, 64, 16])
-    batch = nn.make_regression_batch(jax.random.key(1), 64, 16, 16)
-    fsdp = strategies.STRATEGIES["fsdp"]
-    mesh = fsdp.mesh(DEVICES)
-    placed, placed_batch = fsdp.shard(params, batch, mesh)
-    step = fsdp.sgd_step(mesh, placed, learning_rate=0.01)
-    asked = traced.primitive_counts(jax.grad(fsdp.loss(mesh)), placed, placed_batch)
-    assert asked["all_gather"] == 8
-    assert hlo.collective_counts(step, placed, placed_batch)["all-gather"] == 6
-
-
-def test_fsdp_remat_saves_no_temporaries_on_cpu(model):
-    """manual_parallelism.md: with the re-gathers merged, remat does not lower the step's
-    temporaries on XLA:CPU (it needs a little more)."""
-    step, params, batch, *_ = _step("fsdp", 8, model)
-    no_remat = strategies.FSDP(remat=False)
-    mesh = no_remat.mesh(DEVICES)
-    other = no_remat.sgd_step(mesh, params, learning_rate=1.0)
-    with_remat = hlo.memory_per_device(step, params, batch).temp_bytes
-    without = hlo.memory_per_device(other, params, batch).temp_bytes
-    assert with_remat >= without

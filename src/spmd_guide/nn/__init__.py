@@ -6,6 +6,7 @@ on many devices.
 - `strategies`: the parallelism strategies, registry `STRATEGIES` (nn/auto_parallelism,
   nn/manual_parallelism).
 - `profiling`: a strategy against the reference; one step's collectives, memory and time.
+- `remat`: what the compiler keeps of FSDP's rematerialization (nn/manual_parallelism).
 - `cheat_sheet`: the PartitionSpec cheat sheet, read off compiled programs (nn/cheat_sheet).
 - `which_strategy`: the decision guide (nn/which_strategy).
 
