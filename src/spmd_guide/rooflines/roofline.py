@@ -11,16 +11,27 @@ The counts come from the compiled program (XLA's cost analysis for FLOPs and byt
 ``chips.toml`` beside this module, each with the page it was published on. The closed forms
 the Part derives (arithmetic intensity, critical batch sizes) are small functions here too, so
 the pages and the tests use the same arithmetic.
+
+Every result is a **prediction** from peak rates, never a measurement. Arguments are checked
+with :mod:`spmd_guide.core.checks` before anything is computed: NaN and infinite numbers are
+refused, NumPy scalars and arrays are taken wherever Python numbers and lists are, and chip
+names are matched as whole strings.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+import types
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
 
 from spmd_guide.core import checks, hlo
 
@@ -35,6 +46,19 @@ UNITS = {
     "network_bandwidth": "B/s",
 }
 BOUNDS = ("compute", "memory", "communication")
+LINKS = ("interconnect", "network")
+RING_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
+
+
+def choice(name: str, value: Any, options: Iterable[str]) -> str:
+    """``value`` if it is one of the strings ``options``, compared as a whole string (a
+    NumPy string too); anything else, a list or an array of names included, is refused."""
+    options = tuple(options)
+    if not isinstance(value, str):
+        raise checks.InputTypeError(
+            f"{name} must be one name (a string) such as {options[0]!r}, got {value!r} "
+            f"({type(value).__name__}); choose one of {', '.join(map(repr, options))}.")
+    return str(checks.one_of(name, str(value), options))
 
 
 @dataclass(frozen=True)
@@ -53,6 +77,32 @@ class Chip:
     source: str
     read_via: str
     date_read: str
+    #: For each rate of :data:`UNITS`, the published figure it comes from and the arithmetic.
+    cite: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("key", "name", "interconnect", "network", "source", "read_via",
+                     "date_read"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise checks.InputError(
+                    f"chip {self.key!r}: {name} must be a non-empty string (every number "
+                    f"needs its source), got {value!r}.")
+        for name, unit in UNITS.items():
+            value = checks.real(f"chip {self.key!r}: {name} (in {unit})", getattr(self, name),
+                                positive=True)
+            object.__setattr__(self, name, value)
+        if not isinstance(self.cite, Mapping):
+            raise checks.InputTypeError(
+                f"chip {self.key!r}: cite must map each rate to its source, got {self.cite!r}.")
+        missing = sorted(set(UNITS) - set(self.cite))
+        unknown = sorted(set(self.cite) - set(UNITS))
+        empty = sorted(k for k, v in self.cite.items() if not isinstance(v, str) or not v.strip())
+        if missing or unknown or empty:
+            raise checks.InputError(
+                f"chip {self.key!r}: cite needs one non-empty source per rate; missing "
+                f"{missing}, unknown {unknown}, empty {empty}; the rates are {sorted(UNITS)}.")
+        object.__setattr__(self, "cite", types.MappingProxyType(dict(self.cite)))
 
     @property
     def ridge(self) -> float:
@@ -69,16 +119,24 @@ class Chip:
         return {
             "chip": self.key,
             "bf16 TFLOP/s": f"{self.peak_flops_bf16 / 1e12:g}",
-            "HBM GB": f"{self.hbm_bytes / 1e9:g}",
+            "HBM GB": f"{self.hbm_bytes / 1e9:.3g}",
             "HBM TB/s": f"{self.hbm_bandwidth / 1e12:g}",
-            "link GB/s": f"{self.interconnect_bandwidth / 1e9:g}",
+            "ring GB/s": f"{self.interconnect_bandwidth / 1e9:g}",
             "network GB/s": f"{self.network_bandwidth / 1e9:g}",
         }
 
+    def citations(self) -> list[dict[str, str]]:
+        """Table rows: each rate of this chip, its SI value and where it was published."""
+        return [{"chip": self.key, "rate": name, "value": f"{getattr(self, name):.4g} {unit}",
+                 "source": self.cite[name]} for name, unit in UNITS.items()]
 
-def load_chips(path: str | Path = CHIPS_FILE) -> dict[str, Chip]:
+
+def load_chips(path: str | os.PathLike[str] = CHIPS_FILE) -> dict[str, Chip]:
     """The chips of a TOML file like ``chips.toml``; refuses unknown or missing fields, a
-    number that is not a positive float, and an entry without a source."""
+    rate that is not a positive number (a string such as ``"16 GB"`` included), and an entry
+    without a source, or without a citation for each of its rates."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise checks.InputTypeError(f"path must be a file path, got {path!r}.")
     with open(path, "rb") as file:
         table = tomllib.load(file).get("chip", {})
     wanted = {f.name for f in fields(Chip)} - {"key"}
@@ -87,40 +145,84 @@ def load_chips(path: str | Path = CHIPS_FILE) -> dict[str, Chip]:
         unknown = set(entry) - wanted
         missing = wanted - set(entry)
         if unknown or missing:
-            raise ValueError(f"chip {key!r} in {path}: unknown fields {sorted(unknown)}, "
-                             f"missing fields {sorted(missing)}; the fields are {sorted(wanted)}.")
-        for name in UNITS:
-            value = entry[name]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"chip {key!r}: {name} must be a positive number in "
-                                 f"{UNITS[name]}, got {value!r}.")
-        for name in ("source", "read_via", "date_read"):
-            if not str(entry[name]).strip():
-                raise ValueError(f"chip {key!r}: {name} is empty; every number needs its source.")
-        chips[key] = Chip(key=key, **{k: (float(v) if k in UNITS else str(v))
-                                      for k, v in entry.items()})
+            raise checks.InputError(
+                f"chip {key!r} in {path}: unknown fields {sorted(unknown)}, missing fields "
+                f"{sorted(missing)}; the fields are {sorted(wanted)}.")
+        chips[key] = Chip(key=key, **entry)
+    if not chips:
+        raise checks.InputError(f"{path} lists no [chip.<key>] tables.")
     return chips
 
 
 CHIPS: dict[str, Chip] = load_chips()
 
 
-def get_chip(chip: str | Chip) -> Chip:
-    """``chip`` itself, or the entry of :data:`CHIPS` it names."""
+def get_chip(chip: str | Chip, *, name: str = "chip") -> Chip:
+    """``chip`` itself, or the entry of :data:`CHIPS` its whole name names."""
     if isinstance(chip, Chip):
         return chip
     if not isinstance(chip, str):
-        raise checks.InputTypeError(f"chip must be a key of CHIPS such as 'tpu-v5e' or a Chip, "
-                                    f"got {chip!r}.")
-    return CHIPS[checks.one_of("chip", chip, CHIPS)]
+        raise checks.InputTypeError(f"{name} must be a key of CHIPS such as 'tpu-v5e' or a "
+                                    f"Chip, got {chip!r} ({type(chip).__name__}).")
+    return CHIPS[choice(name, chip, CHIPS)]
+
+
+def get_chips(chips: str | Chip | Iterable[str | Chip], *, name: str = "chips") -> list[Chip]:
+    """A list of chips from one chip (a name or a :class:`Chip`) or several, in order and
+    without repeats. A single name is one chip, never its letters."""
+    if isinstance(chips, (str, Chip)):
+        return [get_chip(chips, name=name)]
+    if isinstance(chips, Mapping) or not isinstance(chips, (Sequence, np.ndarray, Iterable)):
+        raise checks.InputTypeError(
+            f"{name} must be a chip name such as 'h100-sxm' or a sequence of them, got "
+            f"{chips!r}.")
+    found = {c.key: c for c in (get_chip(item, name=f"an entry of {name}")
+                                for item in list(np.asarray(chips, dtype=object).ravel()
+                                                 if isinstance(chips, np.ndarray) else chips))}
+    if not found:
+        raise checks.InputError(f"{name} is empty; name at least one chip of {sorted(CHIPS)}.")
+    return list(found.values())
+
+
+def as_devices(devices: Any, *, name: str = "devices") -> tuple[jax.Device, ...]:
+    """The devices a compile runs on: ``None`` (all of ``jax.devices()``), a sequence or
+    array of ``jax.Device``, or a :class:`~jax.sharding.Mesh` (its devices, whatever its
+    axis types: Auto or Explicit)."""
+    if devices is None:
+        return tuple(jax.devices())
+    if isinstance(devices, Mesh):
+        devices = devices.devices
+    if isinstance(devices, np.ndarray):
+        devices = list(devices.ravel())
+    if isinstance(devices, (str, bytes, Mapping)) or not isinstance(devices, Iterable):
+        raise checks.InputTypeError(
+            f"{name} must be a list of jax devices (jax.devices()[:8]) or a Mesh, got "
+            f"{devices!r}.")
+    items = tuple(devices)
+    bad = [d for d in items if not isinstance(d, jax.Device)]
+    if bad:
+        raise checks.InputTypeError(
+            f"{name} must hold jax.Device objects (from jax.devices()), got {bad[0]!r}.")
+    if not items:
+        raise checks.InputError(f"{name} is empty; pass at least one device.")
+    if len(set(items)) != len(items):
+        raise checks.InputError(f"{name} lists a device more than once: {items!r}.")
+    return items
 
 
 # --------------------------------------------------------------------------- the estimate
 
 
+def _amounts(owner: Any, names: Sequence[str]) -> None:
+    """Each field of ``names`` a finite number >= 0 (NaN refused), stored as a float."""
+    for name in names:
+        object.__setattr__(owner, name, checks.real(name, getattr(owner, name), minimum=0))
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """Counts of one compiled program and the three times they take on ``chip``."""
+    """A **prediction**: counts of one compiled program and the three times they would take
+    on ``chip`` at its published peak rates (:func:`estimate` builds one)."""
 
     chip: str
     flops: float
@@ -130,6 +232,12 @@ class Estimate:
     memory_s: float
     comm_s: float
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.chip, str) or not self.chip:
+            raise checks.InputTypeError(f"chip must be a chip's key, got {self.chip!r}.")
+        _amounts(self, ("flops", "bytes_accessed", "comm_bytes", "compute_s", "memory_s",
+                        "comm_s"))
+
     @property
     def bound(self) -> str:
         """``"compute"``, ``"memory"`` or ``"communication"``: the largest of the three times."""
@@ -138,7 +246,12 @@ class Estimate:
 
     @property
     def step_s(self) -> float:
-        """The roofline's lower bound on the step: everything overlapped, the slowest wins."""
+        """The roofline's lower bound on the step: everything overlapped, the slowest wins.
+
+        A loose floor: it takes the largest of three *whole-program* totals. A program whose
+        phases are bound by different resources (a memory-bound phase, then a compute-bound
+        one) cannot overlap them perfectly, and the sum over phases of each phase's largest
+        time is a tighter floor."""
         return max(self.compute_s, self.memory_s, self.comm_s)
 
     @property
@@ -149,33 +262,61 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Counts:
-    """What one device of a compiled program does: FLOPs, HBM bytes, bytes sent."""
+    """What one device of a compiled program does: FLOPs, HBM bytes, bytes sent (ring
+    model), and the bytes sent by collective kind (``{"all-reduce": ...}``, the kinds the
+    program holds)."""
 
     flops: float
     bytes_accessed: float
     comm_bytes: float
+    sent_by_kind: Mapping[str, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        _amounts(self, ("flops", "bytes_accessed", "comm_bytes"))
+        if not isinstance(self.sent_by_kind, Mapping):
+            raise checks.InputTypeError(
+                f"sent_by_kind must map collective kinds to bytes, got {self.sent_by_kind!r}.")
+        kinds = {checks.one_of("collective kind", k, hlo.KINDS):
+                 checks.real(f"sent_by_kind[{k!r}]", v, minimum=0)
+                 for k, v in self.sent_by_kind.items()}
+        object.__setattr__(self, "sent_by_kind", types.MappingProxyType(kinds))
 
 
 def counts(fn: Callable[..., Any], *args: Any) -> Counts:
     """FLOPs and bytes accessed (XLA's cost analysis of the per-device program) and bytes one
-    device sends (ring model) of ``fn`` compiled on ``args``."""
-    checks.function("fn", fn)
-    compiled = hlo.compile(fn, *args)  # compiled once; both questions ask this program
+    device sends (ring model, in total and by collective kind) of ``fn`` compiled on
+    ``args`` (arrays or ``jax.ShapeDtypeStruct``s, laid out on Auto or Explicit mesh axes
+    alike). ``fn`` may also be a lowered or compiled program, then ``args`` are empty."""
+    if not isinstance(fn, (jax.stages.Lowered, jax.stages.Compiled)):
+        checks.function("fn", fn)
+    compiled = hlo.compile(fn, *args)  # compiled once; every question asks this program
     cost = compiled.cost_analysis()
+    ops = hlo.collectives_in_text(compiled.as_text())
+    by_kind: dict[str, float] = {}
+    for op in ops:
+        by_kind[op.kind] = by_kind.get(op.kind, 0.0) + op.bytes_sent
     return Counts(flops=float(cost.get("flops", 0.0)),
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-                  comm_bytes=float(hlo.communication_bytes(compiled)))
+                  comm_bytes=float(sum(op.bytes_sent for op in ops)), sent_by_kind=by_kind)
+
+
+def _rate(spec: Chip, link: Any) -> float:
+    return (spec.network_bandwidth if choice("link", link, LINKS) == "network"
+            else spec.interconnect_bandwidth)
 
 
 def estimate(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
              link: str = "interconnect") -> Estimate:
-    """Price ``work`` on ``chip``. ``byte_scale`` multiplies the bytes (0.5 prices a float32
-    program as its bfloat16 twin); ``link`` is ``"interconnect"`` (ICI/NVLink) or
-    ``"network"`` (DCN/InfiniBand, across slices or nodes)."""
+    """Price ``work`` on ``chip``: a prediction at peak rates. ``byte_scale`` multiplies the
+    bytes (0.5 prices a float32 program as its bfloat16 twin); ``link`` is
+    ``"interconnect"`` (ICI/NVLink) or ``"network"`` (DCN/InfiniBand, across slices or
+    nodes)."""
+    if not isinstance(work, Counts):
+        raise checks.InputTypeError(
+            f"work must be a Counts (from roofline.counts), got {type(work).__name__}.")
     spec = get_chip(chip)
     scale = checks.real("byte_scale", byte_scale, positive=True)
-    rate = {"interconnect": spec.interconnect_bandwidth,
-            "network": spec.network_bandwidth}[checks.one_of("link", link, ("interconnect", "network"))]
+    rate = _rate(spec, link)
     return Estimate(chip=spec.key, flops=work.flops, bytes_accessed=work.bytes_accessed * scale,
                     comm_bytes=work.comm_bytes * scale,
                     compute_s=work.flops / spec.peak_flops_bf16,
@@ -185,9 +326,12 @@ def estimate(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
 
 def predict(fn: Callable[..., Any], *args: Any, chip: str | Chip, byte_scale: float = 1.0,
             link: str = "interconnect") -> Estimate:
-    """The roofline estimate of ``fn`` on ``args`` for one device of ``chip``: the compiled
-    program's counts (:func:`counts`) priced at the chip's rates (:func:`estimate`)."""
+    """The roofline prediction for ``fn`` on ``args`` for one device of ``chip``: the
+    compiled program's counts (:func:`counts`) priced at the chip's rates (:func:`estimate`).
+    The options are checked before anything is compiled."""
     spec = get_chip(chip)
+    checks.real("byte_scale", byte_scale, positive=True)
+    choice("link", link, LINKS)
     return estimate(counts(fn, *args), spec, byte_scale=byte_scale, link=link)
 
 
@@ -231,46 +375,86 @@ def ring_time(buffer_bytes: float, n: int, chip: str | Chip, *, kind: str = "all
               link: str = "interconnect") -> float:
     """Seconds for a ring collective over ``n`` chips on a buffer of ``buffer_bytes`` (the
     full, gathered size): the ring model's bytes sent (:func:`spmd_guide.core.hlo.ring_bytes`)
-    over the chip's link bandwidth."""
+    over the chip's link bandwidth.
+
+    On a TPU, ``interconnect_bandwidth`` is the two links of one torus axis, which a ring
+    uses only when the axis wraps around: a full axis of 16 on v5e/v6e, an axis that is a
+    multiple of 4 on v4/v5p. A shorter axis is a line, not a ring, and takes up to twice this
+    time (the scaling book, "How to Scale Your Model", ch. 2-3). On a GPU the NVSwitch joins
+    every GPU of a node, so the figure holds for any ``n`` up to 8.
+    """
     spec = get_chip(chip)
-    kind = checks.one_of("kind", kind, ("all-gather", "reduce-scatter", "all-reduce"))
+    kind = choice("kind", kind, RING_KINDS)
     size = checks.real("buffer_bytes", buffer_bytes, minimum=0)
     n = checks.count("n", n)
-    rate = spec.network_bandwidth if checks.one_of(
-        "link", link, ("interconnect", "network")) == "network" else spec.interconnect_bandwidth
+    rate = _rate(spec, link)
     factor = (n - 1) / n * (2 if kind == "all-reduce" else 1)
     return factor * size / rate
 
 
+def _share(n: Any) -> float:
+    """(n-1)/n for ``n`` devices, 1 for ``n=None`` (the large-n limit)."""
+    return 1.0 if n is None else (checks.count("n", n, minimum=2) - 1) / n
+
+
 def dp_critical_batch(chip: str | Chip, *, n: int | None = None, bytes_per_element: float = 2,
-                      link: str = "interconnect") -> float:
-    """Tokens (examples) per chip at which data parallelism's gradient all-reduce takes no
+                      link: str = "interconnect", group: int | None = None) -> float:
+    """Examples (tokens) per chip at which data parallelism's gradient all-reduce takes no
     longer than the backward pass it can hide behind.
 
     The backward pass does 4 FLOPs per parameter per example (two matmuls per weight); the
     all-reduce sends 2 (n-1)/n bytes_per_element per parameter. Equal when
     B = bytes x (n-1)/n x FLOP/s / (2 x link bandwidth). ``n=None`` is the large-n limit.
+
+    ``link="network"`` prices the all-reduce between ``n`` nodes or slices. Every library
+    reduces inside a node or slice first (a reduce-scatter over its fast links), so each of
+    the ``group`` chips there sends only its 1/``group`` share of the gradient over its own
+    network share: B = bytes x (n-1)/n x FLOP/s / (2 x network bandwidth x group). ``group``
+    is required there (8 for an 8-GPU node; the slice's chip count for a TPU slice): a flat
+    ring over the network would charge each chip ``group`` times too much. The reduction
+    inside the group still runs on the fast links; the step hides both when B is above this
+    and the fast links' threshold (``n=group``).
     """
     spec, size = get_chip(chip), _bytes(bytes_per_element)
-    share = 1.0 if n is None else (checks.count("n", n, minimum=2) - 1) / n
-    rate = spec.network_bandwidth if checks.one_of(
-        "link", link, ("interconnect", "network")) == "network" else spec.interconnect_bandwidth
-    return size * share * spec.peak_flops_bf16 / (2 * rate)
+    share = _share(n)
+    rate = _rate(spec, link)
+    if link == "network":
+        if group is None:
+            raise checks.InputError(
+                "link='network' needs group=: how many chips reduce over their fast links "
+                "before the network (8 for an 8-GPU node, the chips of a TPU slice).")
+        per_chip = checks.count("group", group)
+    elif group is not None:
+        raise checks.InputError(
+            f"group={group!r} applies to link='network' only (the chips of a node or slice "
+            "that reduce before the network).")
+    else:
+        per_chip = 1
+    return size * share * spec.peak_flops_bf16 / (2 * rate * per_chip)
 
 
 def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None, gathers: int = 1,
-                        bytes_per_element: float = 2) -> float:
-    """Examples per chip at which FSDP's weight traffic takes no longer than the step's
-    6 FLOPs per parameter per example.
+                        bytes_per_element: float = 2, phase: str | None = None) -> float:
+    """Examples per chip at which FSDP's weight traffic hides behind the compute of the
+    phase it must land in.
 
-    Each step all-gathers every weight ``gathers`` times (1 when the gathered weights are kept
-    for the backward pass, 2 when they are gathered again there) and reduce-scatters every
-    gradient once: (gathers + 1) (n-1)/n bytes per parameter.
+    The forward pass all-gathers every weight before its layer runs: (n-1)/n bytes per
+    parameter against 2 FLOPs per parameter per example. The backward pass reduce-scatters
+    every gradient and, with ``gathers=2``, all-gathers the weights again: ``gathers``
+    (n-1)/n bytes per parameter against 4 FLOPs. Slack in one phase cannot pay for the
+    other (the forward's gathers must land before its matmuls; the next step's weights exist
+    only after this step's update), so the threshold is the larger of the two phases':
+    ``phase="forward"`` or ``"backward"`` returns one of them. For 1 or 2 gathers the
+    forward's decides, and it equals data parallelism's (:func:`dp_critical_batch`).
     """
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     gathers = checks.count("gathers", gathers, maximum=2)
-    share = 1.0 if n is None else (checks.count("n", n, minimum=2) - 1) / n
-    return (gathers + 1) * size * share * spec.peak_flops_bf16 / (6 * spec.interconnect_bandwidth)
+    share = _share(n)
+    base = size * share * spec.peak_flops_bf16 / spec.interconnect_bandwidth
+    phases = {"forward": base / 2, "backward": gathers * base / 4}
+    if phase is None:
+        return max(phases.values())
+    return phases[choice("phase", phase, phases)]
 
 
 def tp_min_width(chip: str | Chip, n: int, *, bytes_per_element: float = 2) -> float:
@@ -290,14 +474,45 @@ def tp_max_ways(chip: str | Chip, width: int, *, bytes_per_element: float = 2) -
     return max(1, math.floor(1 + 2 * width / (size * spec.comm_ridge)))
 
 
-def overlap_speedup(compute_s: float, comm_s: float) -> float:
+def overlapped_time(compute_s: float, comm_s: float, *, ways: int | None = None) -> float:
+    """Seconds for ``compute_s`` of compute and ``comm_s`` of communication run together.
+
+    ``ways=None``: two streams that can be cut as finely as needed, ``max(compute, comm)``.
+    ``ways=n``: the ring collective matmul of Part III (``allgather_overlapped``): n block
+    matmuls of compute/n each and n-1 block transfers of comm/(n-1) each, transfer s beside
+    matmul s-1, the last matmul alone:
+    (n-1) max(compute/n, comm/(n-1)) + compute/n = max(compute, comm + compute/n).
+    """
+    c = checks.real("compute_s", compute_s, minimum=0)
+    m = checks.real("comm_s", comm_s, minimum=0)
+    if ways is None:
+        return max(c, m)
+    n = checks.count("ways", ways, minimum=2)
+    return max(c, m + c / n)
+
+
+def overlap_speedup(compute_s: float, comm_s: float, *, ways: int | None = None) -> float:
     """How much faster a step gets when its communication overlaps its compute instead of
-    following it: (compute + comm) / max(compute, comm), between 1 and 2."""
+    following it: (compute + comm) / :func:`overlapped_time`. At most 2 for two finely cut
+    streams (when the two are equal); at most (2n-1)/n for a ring of ``ways=n`` (1.75 for 4),
+    reached when comm = (n-1)/n x compute, because the last block's matmul has nothing left
+    to overlap."""
     c = checks.real("compute_s", compute_s, minimum=0)
     m = checks.real("comm_s", comm_s, minimum=0)
     if c == 0 and m == 0:
         raise checks.InputError("compute_s and comm_s are both 0; there is nothing to overlap.")
-    return (c + m) / max(c, m)
+    return (c + m) / overlapped_time(c, m, ways=ways)
+
+
+def ring_matmul_balance_rows(ways: int, chip: str | Chip, *,
+                             bytes_per_element: float = 2) -> float:
+    """Rows ``m`` at which the overlapped all-gather matmul ``[m, k] @ [k, n]`` on a ring of
+    ``ways`` chips gains most (:func:`overlap_speedup` with ``ways``): where one block's
+    matmul, 2 m k n / ways^2 FLOPs, takes as long as one block's transfer, k n / ways
+    elements; k and n cancel: m = ways x bytes/2 x FLOP/s / link bandwidth."""
+    spec, size = get_chip(chip), _bytes(bytes_per_element)
+    ways = checks.count("ways", ways, minimum=2)
+    return ways * size / 2 * spec.comm_ridge
 
 
 def collective_matmul_times(m: int, k: int, n: int, ways: int, chip: str | Chip, *,
