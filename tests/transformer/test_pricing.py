@@ -1,18 +1,70 @@
-"""pricing: the transformer strategies' compiled counts against the closed form."""
+"""pricing: the transformer strategies' compiled counts against the closed form, the
+collectives the pricing page reads, devices from meshes of either axis type, and bad input."""
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import pytest
+from helpers import mesh_of
 
-from spmd_guide.core.checks import InputError
+from spmd_guide.core.checks import InputError, InputTypeError
 from spmd_guide.transformer import pricing
 
+SMALL = dict(vocab=512, d_model=256, n_heads=8, d_ff=1024, n_layers=1, seq_len=64)
 
-def test_bad_input():
-    with pytest.raises(InputError, match="strategy"):
-        pricing.transformer_counts("pp")
-    with pytest.raises(InputError, match="n_devices"):
-        pricing.transformer_big_arrays(n_devices=0)
+
+@pytest.mark.parametrize("call, error, word", [
+    (lambda: pricing.transformer_counts("pp"), InputError, "unknown strategy 'pp'"),
+    (lambda: pricing.transformer_counts(["dp"]), InputTypeError, "strategy"),
+    (lambda: pricing.transformer_counts("dp", batch=0), InputError, "batch"),
+    (lambda: pricing.transformer_counts("dp", batch=float("nan")), InputTypeError, "batch"),
+    (lambda: pricing.transformer_counts("dp", heads=4), InputError, "unknown transformer size"),
+    (lambda: pricing.transformer_counts("dp", d_model=100, n_heads=16), InputError, "n_heads"),
+    (lambda: pricing.transformer_counts("dp", seq_len=64.5), InputTypeError, "seq_len"),
+    (lambda: pricing.transformer_counts("dp", devices="cpu"), InputTypeError, "devices"),
+    (lambda: pricing.transformer_counts("dp", devices=[]), InputError, "devices"),
+    (lambda: pricing.transformer_big_arrays(n_devices=0), InputError, "n_devices"),
+    (lambda: pricing.transformer_big_arrays(n_devices=3), InputError, "n_devices"),
+    (lambda: pricing.transformer_big_arrays(vocab=-1), InputError, "vocab"),
+    (lambda: pricing.transformer_big_arrays(layers=2), InputError, "unknown transformer size"),
+    (lambda: pricing.transformer_big_arrays(batch=True), InputTypeError, "batch"),
+])
+def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+def test_numpy_sizes_work_as_python_ones():
+    config = {k: np.int64(v) for k, v in SMALL.items()}
+    assert pricing.transformer_big_arrays(batch=np.int32(16), n_devices=np.int64(8), **config) \
+        == pricing.transformer_big_arrays(batch=16, n_devices=8, **SMALL)
+    assert pricing.transformer_counts("dp", batch=np.int64(16), **config) == \
+        pricing.transformer_counts("dp", batch=16, **SMALL)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_devices_may_come_from_a_mesh_of_either_axis_type(explicit):
+    mesh = mesh_of(8, ("a", "b"), (2, 4), explicit=explicit)
+    listed = pricing.transformer_counts("fsdp_tp", batch=16, **SMALL)
+    assert pricing.transformer_counts("fsdp_tp", batch=16, devices=mesh, **SMALL) == listed
+    config = pricing.transformer.Config(**SMALL)
+    with jax.set_mesh(mesh):  # an ambient mesh does not get in the way (compiled afresh)
+        fresh = pricing._transformer_counts.__wrapped__("fsdp_tp", config, 16,
+                                                        tuple(mesh.devices.flat))
+    assert fresh == listed
+
+
+def test_collectives_the_pricing_page_reads():
+    """On XLA:CPU, fsdp all-reduces its gradients (no reduce-scatter) and tp_sp sends more
+    than tp: the page says so, and says a GPU/TPU compiler is expected to differ."""
+    dp, fsdp, tp, tp_sp = (pricing.transformer_counts(n, batch=16, **SMALL)
+                           for n in ("dp", "fsdp", "tp", "tp_sp"))
+    assert "reduce-scatter" not in fsdp.sent_by_kind
+    assert fsdp.sent_by_kind["all-reduce"] == pytest.approx(dp.sent_by_kind["all-reduce"])
+    assert set(tp.sent_by_kind) == {"all-reduce"}
+    assert "reduce-scatter" not in tp_sp.sent_by_kind
+    assert tp_sp.comm_bytes > tp.comm_bytes
 
 
 def test_transformer_counts_match_the_closed_form_and_split_the_work_evenly():

@@ -7,13 +7,17 @@ The MLP's counts come from compiling each strategy's training step (value and gr
 loss) for a model too big for CPU memory: a tiny model is sharded with the strategy's public
 ``shard`` to learn each array's sharding, and the big program is compiled on
 ``jax.ShapeDtypeStruct``s with those shardings. Nothing is run; these are predictions.
+
+Every public function checks its arguments first (:mod:`spmd_guide.core.checks`): strategy and
+chip names as whole strings, NumPy numbers and arrays wherever Python ones are taken, NaN
+refused.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spmd_guide import nn
-from spmd_guide.core import checks
+from spmd_guide.core import checks, hlo
 from spmd_guide.rooflines import roofline
 
 #: The MLP the page prices: widths of a transformer-sized feed-forward stack, and its batch.
@@ -38,20 +42,25 @@ def _abstract_like(tree: Any, shapes: Any) -> Any:
 
 
 def strategy_counts(name: str, *, layer_sizes: Sequence[int] = MLP_SIZES,
-                    batch: int = MLP_BATCH,
-                    devices: Sequence[jax.Device] | None = None) -> roofline.Counts:
+                    batch: int = MLP_BATCH, devices: Any = None,
+                    gradient: bool = True) -> roofline.Counts:
     """Per-device counts of one training step (loss and gradient) of strategy ``name`` on an
-    MLP of ``layer_sizes`` and a batch of ``batch`` examples (float32), compiled, not run."""
-    checks.one_of("strategy", name, nn.STRATEGIES)
+    MLP of ``layer_sizes`` and a batch of ``batch`` examples (float32), compiled, not run;
+    ``gradient=False`` compiles the loss alone (the forward pass).
+
+    ``devices``: a list of devices, or a mesh (Auto or Explicit axes) whose devices to use;
+    the strategy builds its own mesh over them, as Part IV does. Sizes that do not split
+    evenly over that mesh raise the strategy's ``InputError``."""
+    name = roofline.choice("strategy", name, nn.STRATEGIES)
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batch = checks.count("batch", batch)
-    return _strategy_counts(name, sizes, batch,
-                            tuple(jax.devices() if devices is None else devices))
+    return _strategy_counts(name, sizes, batch, roofline.as_devices(devices),
+                            checks.flag("gradient", gradient))
 
 
 @functools.cache
 def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
-                     devices: tuple[jax.Device, ...]) -> roofline.Counts:
+                     devices: tuple[jax.Device, ...], gradient: bool = True) -> roofline.Counts:
     strategy = nn.STRATEGIES[name]
     mesh = strategy.mesh(list(devices))
     n = math.prod(mesh.devices.shape)
@@ -62,53 +71,106 @@ def _strategy_counts(name: str, sizes: tuple[int, ...], batch: int,
     shapes = [((a, b), (b,)) for a, b in zip(sizes[:-1], sizes[1:], strict=True)]
     big_params = _abstract_like(params, shapes)
     big_batch = _abstract_like(tiny, ((batch, sizes[0]), (batch, sizes[-1])))
-    step = jax.jit(jax.value_and_grad(strategy.loss(mesh)))
-    return roofline.counts(step, big_params, big_batch)
+    loss = strategy.loss(mesh)
+    step = jax.jit(jax.value_and_grad(loss) if gradient else loss)
+    with jax.set_mesh(mesh):  # the strategy's mesh, whatever mesh the caller has set
+        compiled = step.lower(big_params, big_batch).compile(hlo.FAST_COMPILE)
+    return roofline.counts(compiled)
 
 
 @dataclass(frozen=True)
 class Prediction:
+    """One strategy's predicted step on one chip (peak rates, bf16 bytes)."""
+
     strategy: str
     chip: str
     estimate: roofline.Estimate
 
+    def __post_init__(self) -> None:
+        for name in ("strategy", "chip"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                raise checks.InputTypeError(
+                    f"{name} must be a non-empty string, got {getattr(self, name)!r}.")
+        if not isinstance(self.estimate, roofline.Estimate):
+            raise checks.InputTypeError(
+                f"estimate must be a roofline.Estimate, got {type(self.estimate).__name__}.")
 
-def predict_strategies(counts_by_name: dict[str, roofline.Counts],
-                       chips: Sequence[str] = tuple(roofline.CHIPS)) -> list[Prediction]:
-    """Each strategy's counts priced on each chip, bytes as bfloat16 (``byte_scale=0.5``)."""
-    return [Prediction(name, chip, roofline.estimate(work, chip, byte_scale=0.5))
-            for name, work in counts_by_name.items() for chip in chips]
+
+def predict_strategies(counts_by_name: Mapping[str, roofline.Counts],
+                       chips: Any = tuple(roofline.CHIPS)) -> list[Prediction]:
+    """Each strategy's counts priced on each chip, bytes as bfloat16 (``byte_scale=0.5``).
+    ``chips``: one chip name (``'h100-sxm'``) or a sequence of them."""
+    if not isinstance(counts_by_name, Mapping) or not counts_by_name:
+        raise checks.InputTypeError(
+            "counts_by_name must be a non-empty dict of strategy name -> roofline.Counts, "
+            f"got {counts_by_name!r}.")
+    for name, work in counts_by_name.items():
+        if not isinstance(name, str) or not isinstance(work, roofline.Counts):
+            raise checks.InputTypeError(
+                f"counts_by_name must map strategy names (strings) to roofline.Counts, got "
+                f"{name!r}: {type(work).__name__}.")
+    keys = [chip.key for chip in roofline.get_chips(chips)]
+    return [Prediction(str(name), chip, roofline.estimate(work, chip, byte_scale=0.5))
+            for name, work in counts_by_name.items() for chip in keys]
+
+
+def _for_chip(predictions: Any, chip: Any) -> tuple[str, list[Prediction]]:
+    """The key of ``chip`` and its predictions; refuses a chip with none."""
+    if isinstance(predictions, (str, bytes, Mapping)) or not isinstance(predictions, Sequence):
+        raise checks.InputTypeError(
+            f"predictions must be a list of Prediction (from predict_strategies), got "
+            f"{type(predictions).__name__}.")
+    bad = [p for p in predictions if not isinstance(p, Prediction)]
+    if bad:
+        raise checks.InputTypeError(
+            f"predictions must hold Prediction objects, got {type(bad[0]).__name__}.")
+    key = roofline.get_chip(chip).key
+    rows = [p for p in predictions if p.chip == key]
+    if not rows:
+        have = sorted({p.chip for p in predictions})
+        raise checks.InputError(f"no predictions for chip {key!r}; they cover {have}.")
+    return key, rows
 
 
 def ranking(predictions: Sequence[Prediction], chip: str) -> list[str]:
     """Strategies on ``chip``, fastest predicted step first."""
-    rows = [p for p in predictions if p.chip == chip]
+    _, rows = _for_chip(predictions, chip)
     return [p.strategy for p in sorted(rows, key=lambda p: p.estimate.step_s)]
 
 
 def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[str, Any]]:
-    """Table rows for one chip: the three times in ms, the bound, the rank."""
-    order = ranking(predictions, chip)
-    rows = []
-    for name in order:
-        e = next(p.estimate for p in predictions if p.chip == chip and p.strategy == name)
-        rows.append({"strategy": name, "compute ms": f"{e.compute_s * 1e3:.3g}",
-                     "memory ms": f"{e.memory_s * 1e3:.3g}",
-                     "comm ms": f"{e.comm_s * 1e3:.3g}", "bound": e.bound,
-                     "rank": order.index(name) + 1})
-    return rows
+    """Table rows for one chip: the three predicted times in ms, the predicted step (their
+    largest), the bound, the rank."""
+    _, rows = _for_chip(predictions, chip)
+    ordered = sorted(rows, key=lambda p: p.estimate.step_s)
+    return [{"strategy": p.strategy, "compute ms": f"{p.estimate.compute_s * 1e3:.3g}",
+             "memory ms": f"{p.estimate.memory_s * 1e3:.3g}",
+             "comm ms": f"{p.estimate.comm_s * 1e3:.3g}",
+             "step ms": f"{p.estimate.step_s * 1e3:.3g}", "bound": p.estimate.bound,
+             "rank": rank} for rank, p in enumerate(ordered, start=1)]
 
 
-def chip_for(device: jax.Device) -> str | None:
-    """The key of :data:`~spmd_guide.rooflines.roofline.CHIPS` for ``device`` (by its device kind),
-    or ``None`` when the chips file does not list it (a CPU, say)."""
-    kind = str(getattr(device, "device_kind", "")).lower().replace(" ", "")
-    names = {"h100": "h100-sxm", "h200": "h200", "b200": "b200", "tpuv4": "tpu-v4",
-             "tpuv5lite": "tpu-v5e", "tpuv5e": "tpu-v5e", "tpuv5p": "tpu-v5p",
-             "tpuv5": "tpu-v5p", "tpuv6lite": "tpu-v6e", "tpuv6e": "tpu-v6e"}
-    for name in sorted(names, key=len, reverse=True):
+#: Device kinds (lower case, spaces removed) -> chip keys. Variants whose rates differ from
+#: the chips file's (H100 PCIe and NVL, H200 NVL) are matched to ``None`` first.
+_KINDS = {"h100pcie": None, "h100nvl": None, "h200nvl": None, "gh200": None, "h100": "h100-sxm",
+          "h200": "h200", "b200": "b200", "tpuv4": "tpu-v4", "tpuv5lite": "tpu-v5e",
+          "tpuv5e": "tpu-v5e", "tpuv5p": "tpu-v5p", "tpuv5": "tpu-v5p",
+          "tpuv6lite": "tpu-v6e", "tpuv6e": "tpu-v6e"}
+
+
+def chip_for(device: Any) -> str | None:
+    """The key of :data:`~spmd_guide.rooflines.roofline.CHIPS` for ``device`` (a
+    ``jax.Device``, read by its ``device_kind``), or ``None`` when the chips file does not
+    list it: a CPU, or a variant with other rates (an H100 PCIe or NVL, an H200 NVL, a
+    GH200)."""
+    kind = getattr(device, "device_kind", None)
+    if not isinstance(kind, str):
+        raise checks.InputTypeError(
+            f"device must be a jax.Device (such as jax.devices()[0]), got {device!r}.")
+    kind = kind.lower().replace(" ", "")
+    for name in sorted(_KINDS, key=len, reverse=True):
         if name in kind:
-            return names[name]
+            return _KINDS[name]
     return None
 
 
@@ -133,18 +195,41 @@ def _finish(ax: Any) -> None:
     ax.yaxis.label.set_fontsize(11)
 
 
-def plot_rooflines(points: dict[str, roofline.Estimate | tuple[float, float]],
-                   chips: Sequence[str] = tuple(roofline.CHIPS)) -> Any:
-    """Log-log rooflines (attainable FLOP/s against FLOPs per HBM byte) of ``chips``, with
-    ``points`` (label -> an Estimate or (intensity, FLOPs)) marked at their intensity."""
+def _intensities(points: Any) -> dict[str, float]:
+    """label -> intensity of each point (an Estimate, or an (intensity, FLOPs) pair)."""
+    if not isinstance(points, Mapping):
+        raise checks.InputTypeError(
+            f"points must be a dict of label -> Estimate or (intensity, FLOPs), got "
+            f"{type(points).__name__}.")
+    out = {}
+    for label, point in points.items():
+        if not isinstance(label, str):
+            raise checks.InputTypeError(f"a label of points must be a string, got {label!r}.")
+        if isinstance(point, roofline.Estimate):
+            value = point.intensity
+        elif isinstance(point, (tuple, list, np.ndarray)) and len(point) == 2:
+            value = point[0]
+        else:
+            raise checks.InputTypeError(
+                f"points[{label!r}] must be an Estimate or an (intensity, FLOPs) pair, got "
+                f"{point!r}.")
+        out[label] = checks.real(f"the intensity of points[{label!r}]", value, positive=True)
+    return out
+
+
+def plot_rooflines(points: Mapping[str, roofline.Estimate | tuple[float, float]],
+                   chips: Any = tuple(roofline.CHIPS)) -> Any:
+    """Log-log rooflines (attainable FLOP/s against FLOPs per HBM byte) of ``chips`` (one
+    name or several), with ``points`` (label -> an Estimate or (intensity, FLOPs)) marked at
+    their intensity."""
+    marks = _intensities(points)
+    specs = roofline.get_chips(chips)
     fig, ax = _axes()
     x = np.logspace(-2, 4, 200)
-    for i, key in enumerate(chips):
-        chip = roofline.get_chip(key)
+    for i, chip in enumerate(specs):
         ax.plot(x, np.minimum(chip.peak_flops_bf16, x * chip.hbm_bandwidth), color=f"C{i}",
-                label=key, lw=1.6)
-    for label, point in points.items():
-        intensity = point.intensity if isinstance(point, roofline.Estimate) else point[0]
+                label=chip.key, lw=1.6)
+    for label, intensity in marks.items():
         ax.axvline(intensity, color="0.3", ls=":", lw=1)
         ax.text(intensity * 1.12, 1.3e11, label, fontsize=11, color="0.15", rotation=90,
                 va="bottom")
@@ -163,7 +248,26 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
 
     ``xticks``: where to label the x axis, in plain numbers (say ``[2, 4, 8, 16, 32, 64]`` for
     a range too short for the log axis's powers of ten); by default, matplotlib's choice.
+    Values must be finite (NaN refused) and positive where their axis is logarithmic.
     """
+    logy = checks.flag("logy", logy)
+    x = checks.array("x", x, ndim=1)
+    x = _finite("x", np.asarray(x, dtype=float), positive=True)
+    if not isinstance(curves, Mapping) or not curves:
+        raise checks.InputTypeError(
+            f"curves must be a non-empty dict of label -> values, got {type(curves).__name__}.")
+    curves = {label: _finite(f"curves[{label!r}]", np.asarray(
+        checks.array(f"curves[{label!r}]", values, ndim=1), dtype=float), positive=logy,
+        length=len(x)) for label, values in curves.items()}
+    for name, text in (("xlabel", xlabel), ("ylabel", ylabel)):
+        if not isinstance(text, str):
+            raise checks.InputTypeError(f"{name} must be a string, got {text!r}.")
+    if marks is not None and not isinstance(marks, Mapping):
+        raise checks.InputTypeError(f"marks must be a dict of label -> y, got {marks!r}.")
+    marks = {label: checks.real(f"marks[{label!r}]", level, positive=logy)
+             for label, level in (marks or {}).items()}
+    if xticks is not None:
+        xticks = [checks.real("an entry of xticks", t, positive=True) for t in xticks]
     fig, ax = _axes((4.8, 3.8))
     for i, (label, values) in enumerate(curves.items()):
         ax.plot(x, values, label=label, color=f"C{i}", lw=1.6)
@@ -179,6 +283,18 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
     return fig
 
 
+def _finite(name: str, values: np.ndarray, *, positive: bool = False,
+            length: int | None = None) -> np.ndarray:
+    """``values`` if every entry is finite (and positive when ``positive``), of ``length``."""
+    if length is not None and len(values) != length:
+        raise checks.InputError(f"{name} has {len(values)} values, but x has {length}.")
+    if not np.all(np.isfinite(values)):
+        raise checks.InputError(f"{name} holds NaN or infinite values: {values!r}.")
+    if positive and np.any(values <= 0):
+        raise checks.InputError(f"{name} must be positive (its axis is logarithmic).")
+    return values
+
+
 #: The mark above each bar of :func:`plot_predictions`: which of the three times is longest.
 BOUND_MARKERS: dict[str, str] = {"compute": "o", "memory": "s", "communication": "^"}
 
@@ -192,8 +308,18 @@ def plot_predictions(predictions: Sequence[Prediction]) -> Any:
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+    if isinstance(predictions, (str, bytes, Mapping)) or not isinstance(predictions, Sequence) \
+            or not predictions or not all(isinstance(p, Prediction) for p in predictions):
+        raise checks.InputTypeError(
+            "predictions must be a non-empty list of Prediction (from predict_strategies).")
     chips = list(dict.fromkeys(p.chip for p in predictions))
     names = list(dict.fromkeys(p.strategy for p in predictions))
+    have = {(p.chip, p.strategy) for p in predictions}
+    gaps = [(c, n) for c in chips for n in names if (c, n) not in have]
+    if gaps or len(have) != len(predictions):
+        raise checks.InputError(
+            "predictions must hold each strategy on each chip exactly once; "
+            f"missing {gaps[:3]}" if gaps else "predictions repeat a (chip, strategy) pair.")
     cols = 3
     strategy_rows = -(-len(names) // cols)
     fig, ax = plt.subplots(figsize=(4.8, 3.5 + 0.25 * (strategy_rows + 2)),
@@ -272,13 +398,19 @@ def problems() -> list[Problem]:
         "many examples per GPU does the gradient all-reduce hide behind the backward pass?",
         f"Backward: 4*B*P FLOPs; all-reduce: 2*(7/8)*2*P bytes. Equal at B = 2*(7/8)*"
         f"{h100.peak_flops_bf16:.3g} / (2*{h100.interconnect_bandwidth:.3g}) = {dp:.0f}.", dp))
-    dpn = roofline.dp_critical_batch("h100-sxm", link="network")
+    dpn = roofline.dp_critical_batch("h100-sxm", link="network", group=8)
+    flat = roofline.dp_critical_batch("h100-sxm", link="network", group=1)
     out.append(Problem(
-        "dp_network", "The same all-reduce across many H100 nodes over InfiniBand "
+        "dp_network", "The same all-reduce across many 8-GPU H100 nodes over InfiniBand "
         f"({h100.network_bandwidth / 1e9:g} GB/s per GPU): from how many examples per GPU?",
-        f"B = 2 * {h100.peak_flops_bf16:.3g} / (2 * {h100.network_bandwidth:.3g}) = "
-        f"{dpn:.0f}: {dpn / dp:.0f} times the NVLink answer, which is why DP across nodes "
-        "wants big batches (or hierarchical reductions).", dpn))
+        "NCCL (like every library) reduces inside the node first: a reduce-scatter over "
+        "NVLink leaves each GPU 1/8 of the gradient, which it all-reduces across nodes over "
+        "its own NIC, then an all-gather over NVLink. So each NIC all-reduces 1/8 of the "
+        f"gradient: B = 2 * {h100.peak_flops_bf16:.3g} / (2 * 8 * "
+        f"{h100.network_bandwidth:.3g}) = {dpn:.0f} per GPU, {dpn / dp:.2f} times the NVLink "
+        f"answer; the NVLink part still runs, so the step needs both: {max(dpn, dp):.0f} "
+        "(the scaling book's GPU chapter gets 2475 from the same rates). A flat ring over the "
+        f"NICs would charge each GPU the whole gradient, {flat:.0f}: 8 times too many.", dpn))
     need = math.ceil(7e9 * 16 / v5e.hbm_bytes)
     out.append(Problem(
         "fsdp_fit", "How many TPU v5e chips does FSDP need to hold a 7B-parameter model with "
@@ -305,13 +437,18 @@ def problems() -> list[Problem]:
         "take at NVLink's published bandwidth?",
         f"(7/8) * {8192 * 28672 * 2 / 1e6:.0f} MB / {h100.interconnect_bandwidth / 1e9:g} GB/s "
         f"= {gather * 1e6:.0f} us (measured NCCL bandwidth is lower).", gather))
-    rows = 3 * 2 * v5e.comm_ridge / 2
+    rows = roofline.ring_matmul_balance_rows(4, "tpu-v5e")
+    compute, comm = roofline.collective_matmul_times(round(rows), 8192, 8192, 4, "tpu-v5e")
+    best = roofline.overlap_speedup(compute, comm, ways=4)
     out.append(Problem(
-        "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU v5e chips "
-        "(bf16): for how many rows m does overlapping pay the most, and how much?",
-        f"Compute 2*m*k*n/4 over FLOP/s equals (3/4)*k*n*2 bytes over link bandwidth at "
-        f"m = 3*2*{v5e.comm_ridge:.0f}/2 = {rows:.0f}; there the overlapped version takes "
-        "half the time (speedup 2); far from it, little gain.", rows))
+        "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU "
+        "v5e chips (bf16): for how many rows m does overlapping pay the most, and how much?",
+        "It does 4 block matmuls (2*m*k*n/16 FLOPs each) and 3 block transfers (k*n/4 "
+        "elements each), each transfer beside the previous block's matmul; the last matmul "
+        "has nothing left to hide. The gain is largest where one block's matmul takes as "
+        f"long as one transfer: m = 4 * 2/2 * {v5e.comm_ridge:.0f} = {rows:.0f} rows. There "
+        f"the step takes the compute time alone instead of compute plus transfers: speedup "
+        f"{best:.2f} = (2n-1)/n for n = 4, not 2; far from it, little gain.", rows))
     decode = 7e9 * 2 / h200.hbm_bandwidth
     out.append(Problem(
         "decode", "Generating one token with a 7B bf16 model on one H200 reads every weight "

@@ -5,12 +5,14 @@ counts feed :func:`spmd_guide.rooflines.roofline_pages.predict_strategies`.
 
 It lives with the transformer, not with the rooflines, because it needs both: the rooflines
 topic comes earlier in the book and imports no later topic.
+
+Arguments are checked before anything is compiled (:mod:`spmd_guide.core.checks`): strategy
+names as whole strings, sizes as positive integers (NumPy integers too), unknown sizes refused.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -26,17 +28,28 @@ LM_CONFIG = dict(vocab=32768, d_model=1024, n_heads=16, d_ff=4096, n_layers=2, s
 LM_BATCH = 16
 
 
-def transformer_counts(name: str, *, batch: int = LM_BATCH,
-                       devices: Sequence[jax.Device] | None = None,
+def _sizes(config: dict[str, Any]) -> dict[str, int]:
+    """:data:`LM_CONFIG` with ``config``'s sizes, each a positive int; unknown names refused."""
+    unknown = sorted(set(config) - set(LM_CONFIG))
+    if unknown:
+        raise checks.InputError(
+            f"unknown transformer size(s) {unknown}; the sizes are {sorted(LM_CONFIG)}.")
+    return {key: checks.count(key, value) for key, value in (LM_CONFIG | config).items()}
+
+
+def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
                        **config: int) -> roofline.Counts:
     """Per-device counts of one training step (loss and gradient) of the Part VIII strategy
     ``name`` on a transformer of ``config`` (default :data:`LM_CONFIG`), compiled on
-    ``jax.ShapeDtypeStruct``s laid out as the strategy lays them out; nothing is run."""
-    checks.one_of("strategy", name, transformer.STRATEGIES)
+    ``jax.ShapeDtypeStruct``s laid out as the strategy lays them out; nothing is run.
+
+    ``devices``: a list of devices, or a mesh (Auto or Explicit axes) whose devices to use;
+    the strategy builds its own mesh over them. Sizes that do not split over that mesh raise
+    the strategy's ``InputError``."""
+    name = roofline.choice("strategy", name, transformer.STRATEGIES)
     batch = checks.count("batch", batch)
-    config = transformer.Config(**(LM_CONFIG | config))
-    return _transformer_counts(name, config, batch,
-                               tuple(jax.devices() if devices is None else devices))
+    config = transformer.Config(**_sizes(config))
+    return _transformer_counts(name, config, batch, roofline.as_devices(devices))
 
 
 @functools.cache
@@ -51,7 +64,9 @@ def _transformer_counts(name: str, config: Any, batch: int,
     tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), jnp.int32,
                                   sharding=jax.sharding.NamedSharding(mesh, strategy.token_spec()))
     step = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)))
-    return roofline.counts(step.lower(params, tokens).compile(hlo.FAST_COMPILE))
+    with jax.set_mesh(mesh):  # the strategy's mesh, whatever mesh the caller has set
+        compiled = step.lower(params, tokens).compile(hlo.FAST_COMPILE)
+    return roofline.counts(compiled)
 
 
 def transformer_big_arrays(*, batch: int = LM_BATCH, n_devices: int = 8,
@@ -60,8 +75,14 @@ def transformer_big_arrays(*, batch: int = LM_BATCH, n_devices: int = 8,
     output head, whatever the strategy: every strategy of Part VIII splits the batch, the
     heads or the sequence ``n_devices`` ways. One layer's attention scores are
     ``batch x heads x seq x seq``; the logits ``batch x seq x vocab``."""
-    c = LM_CONFIG | config
+    c = _sizes(config)
+    transformer.Config(**c)  # the same rules as a model of this size (d_model splits into heads)
     batch = checks.count("batch", batch)
     n = checks.count("n_devices", n_devices)
-    return {"attention scores, one layer": 4 * batch * c["n_heads"] * c["seq_len"] ** 2 // n,
-            "logits": 4 * batch * c["seq_len"] * c["vocab"] // n}
+    scores = 4 * batch * c["n_heads"] * c["seq_len"] ** 2
+    logits = 4 * batch * c["seq_len"] * c["vocab"]
+    checks.divisible("batch x n_heads x seq_len^2", scores // 4, n,
+                     why="over the devices (n_devices)")
+    checks.divisible("batch x seq_len x vocab", logits // 4, n,
+                     why="over the devices (n_devices)")
+    return {"attention scores, one layer": scores // n, "logits": logits // n}
