@@ -5,7 +5,10 @@ import pytest
 
 from spmd_guide.appendix.api_changes import CHANGES, load, resolve, rows
 
-EXPECTED_IN_0_10 = {
+# What JAX 0.12.0.1 does with each old spelling (this file said 0.10 before the move; the
+# statuses of the first 17 rows did not change, except check_rep=, whose old probe looked at
+# the wrong function: the experimental spelling still runs, with a warning).
+EXPECTED = {
     "jax.sharding.PositionalSharding": "removed",
     "jax.tree_map": "removed",
     "jax.random.PRNGKey(0) (raw uint32[2] key)": "present",
@@ -16,7 +19,7 @@ EXPECTED_IN_0_10 = {
     "jax.experimental.shard.reshard / auto_axes / explicit_axes": "removed",
     "GSPMD partitioner (jax_use_shardy_partitioner=False)": "jax_use_shardy_partitioner = True",
     "jax.experimental.shard_map.shard_map": "deprecated",
-    "shard_map(..., check_rep=...)": "removed",
+    "shard_map(..., check_rep=...)": "deprecated",
     "jax.lax.pvary(x, 'x')": "removed",
     "jax.pmap": "present",
     "jax.device_put_sharded / jax.device_put_replicated": "removed",
@@ -24,16 +27,26 @@ EXPECTED_IN_0_10 = {
     "jax_threefry_partitionable=False (old, non-partitionable random bits)":
         "jax_threefry_partitionable = True",
     "jax_cpu_enable_gloo_collectives=True": "removed",
+    "Python 3.11": "requires Python >=3.12",
+    "compiled.as_text() printing each parameter's sharding={devices=[...]<=[...]}": "not printed",
+    "replica_groups={{0,2,4,6},{1,3,5,7}} on shard_map collectives": "mesh axes",
+    "ShardingTypeError: dot_general requires contracting dimensions to have consistent sharding":
+        "new wording",
+    "jax.experimental.shard_alike.shard_alike(x, y)": "removed",
+    "jax.sharding.get_abstract_mesh() / jax.sharding.get_mesh()": "alias",
+    "jax.custom_remat(f, f_fwd, f_rem, f_bwd)": "removed",
+    "from jax.checkpoint_policies import dots_saveable": "SimpleNamespace, not a module",
+    "jax.checkpoint as it always worked": "jax_remat3 = False",
 }
 
 
 @pytest.mark.parametrize("change", CHANGES, ids=lambda c: c.old)
 def test_each_change_is_what_the_installed_jax_does(change):
-    assert change.status() == EXPECTED_IN_0_10[change.old]
+    assert change.status() == EXPECTED[change.old]
 
 
 def test_every_change_is_pinned_and_names_are_unique():
-    assert sorted(c.old for c in CHANGES) == sorted(EXPECTED_IN_0_10)
+    assert sorted(c.old for c in CHANGES) == sorted(EXPECTED)
 
 
 def test_resolve_tells_present_deprecated_and_removed_apart():
@@ -44,6 +57,37 @@ def test_resolve_tells_present_deprecated_and_removed_apart():
     assert resolve("jax.tree_map") == "removed"  # the table of changes records it
     assert resolve("jax.sharding.PositionalSharding") == "removed"
     assert resolve("jax.experimental.shard_map.shard_map") == "deprecated"
+
+
+def test_the_new_rows_say_what_the_installed_jax_does():
+    """The 0.11/0.12 rows checked directly, not only through their probes."""
+    import importlib
+    import sys
+    from importlib.metadata import metadata
+
+    import jax.numpy as jnp
+    from helpers import mesh_of
+    from jax.sharding import PartitionSpec as P
+
+    from spmd_guide.appendix import api_changes
+    from spmd_guide.core.display import error_of
+
+    assert sys.version_info >= (3, 12) and metadata("jax")["Requires-Python"] == ">=3.12"
+    assert not hasattr(jax, "custom_remat")
+    assert jax.get_abstract_mesh is jax.sharding.get_abstract_mesh
+    assert jax.get_mesh is jax.sharding.get_mesh
+    assert callable(jax.checkpoint_policies.dots_saveable)
+    with pytest.raises(ImportError):
+        importlib.import_module("jax.checkpoint_policies")
+    with pytest.raises(ImportError):
+        importlib.import_module("jax.experimental.shard_alike")
+    assert jax.config.jax_remat3 is False
+    with jax.set_mesh(mesh_of(4, ("x", "y"), (2, 2), explicit=True)):
+        a = jax.device_put(jnp.ones((4, 4)), P("x", "y"))
+        b = jax.device_put(jnp.ones((4, 4)), P("x", None))
+        message = error_of(jnp.matmul, a, b)
+    assert message.startswith("ShardingTypeError: " + api_changes.NEW_CONTRACTING_ERROR)
+    assert api_changes.OLD_CONTRACTING_ERROR not in message
 
 
 def test_rows_carry_the_installed_version():

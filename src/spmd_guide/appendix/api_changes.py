@@ -86,6 +86,117 @@ def _shard_map_argument(name: str) -> str:
     return "present" if name in inspect.signature(jax.shard_map).parameters else "removed"
 
 
+def _experimental_shard_map_argument(name: str) -> str:
+    """Run the old spelling, ``jax.experimental.shard_map.shard_map(..., name=False)``, on a
+    one-device mesh: ``deprecated`` if it runs with a warning, ``present`` if it runs
+    without, ``removed`` if the function or the argument is gone."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            module = importlib.import_module("jax.experimental.shard_map")
+            old = module.shard_map
+        except (ImportError, AttributeError):
+            return "removed"
+        if name not in inspect.signature(old).parameters:
+            return "removed"
+        mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1],
+                             axis_types=(jax.sharding.AxisType.Auto,))
+        spec = jax.sharding.PartitionSpec("i")
+        old(lambda x: x * 2, mesh, spec, spec, **{name: False})(jax.numpy.ones(2))
+    warned = any(issubclass(w.category, DeprecationWarning) for w in caught)
+    return "deprecated" if warned else "present"
+
+
+def _requires_python(_: str) -> str:
+    from importlib.metadata import metadata
+
+    return f"requires Python {metadata('jax')['Requires-Python']}"
+
+
+def _module_or_namespace(dotted: str) -> str:
+    """``module`` if ``dotted`` imports as a module (``from jax.x import y`` works), else
+    what kind of object the attribute is."""
+    try:
+        importlib.import_module(dotted)
+        return "module"
+    except ImportError:
+        pass
+    parent, _, name = dotted.rpartition(".")
+    obj = getattr(importlib.import_module(parent), name, None)
+    if obj is None:
+        return "removed"
+    return f"{type(obj).__name__}, not a module"
+
+
+def _same_object(pair: str) -> str:
+    """``alias`` if the two dotted names (``a=b``) are one object, else which is missing."""
+    first, _, second = pair.partition("=")
+    found = []
+    for dotted in (first, second):
+        parent, _, name = dotted.rpartition(".")
+        found.append(getattr(importlib.import_module(parent), name, None))
+    if found[0] is None or found[1] is None:
+        return f"only {first if found[1] is None else second}" if any(found) else "removed"
+    return "alias" if found[0] is found[1] else "different"
+
+
+def _replica_groups_spelling(_: str) -> str:
+    """How the compiled program of a ``shard_map`` psum writes its device groups."""
+    from spmd_guide.core import hlo
+    from spmd_guide.core.hlo_text import replica_groups_text
+
+    if len(jax.devices()) < 2:
+        return "needs 2 devices to probe"
+    mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    spec = jax.sharding.PartitionSpec("i")
+    psum = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=spec,
+                         out_specs=jax.sharding.PartitionSpec())
+    (op,) = hlo.collectives(psum, jax.numpy.ones(2))
+    groups = replica_groups_text(op.line) or ""
+    return "mesh axes" if groups.startswith("mesh[") else "explicit list"
+
+
+def _compiled_parameter_sharding(_: str) -> str:
+    """Whether a compiled program's parameters still carry ``sharding={...}``."""
+    if len(jax.devices()) < 2:
+        return "needs 2 devices to probe"
+    mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    x = jax.device_put(jax.numpy.ones(2), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec("i")))
+    text = jax.jit(lambda t: t * 2).lower(x).compile().as_text()
+    printed = any("parameter(" in line and "sharding={" in line for line in text.splitlines())
+    return "printed" if printed else "not printed"
+
+
+#: The message JAX 0.10 and 0.11 gave a matmul whose contracting dimensions are sharded
+#: differently on its two sides, and the one JAX 0.12 gives every matmul whose contracting
+#: dimension is sharded on both.
+OLD_CONTRACTING_ERROR = "dot_general requires contracting dimensions to have consistent sharding"
+NEW_CONTRACTING_ERROR = "Contracting dimensions are sharded and it is ambiguous"
+
+
+def _contracting_error(_: str) -> str:
+    """Which wording the sharding type error of ``a @ b`` has, ``a`` columns over one axis
+    and ``b`` rows over another (Explicit axes)."""
+    if len(jax.devices()) < 4:
+        return "needs 4 devices to probe"
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    spec = jax.sharding.PartitionSpec
+    a = jax.device_put(jax.numpy.ones((4, 4)), jax.sharding.NamedSharding(mesh, spec("x", "y")))
+    b = jax.device_put(jax.numpy.ones((4, 4)), jax.sharding.NamedSharding(mesh, spec("x", None)))
+    try:
+        jax.eval_shape(lambda s, t: s @ t, a, b)
+    except Exception as error:  # noqa: BLE001 - the class is private (jax._src.core)
+        message = str(error)
+        if message.startswith(NEW_CONTRACTING_ERROR):
+            return "new wording"
+        return "old wording" if message.startswith(OLD_CONTRACTING_ERROR) else "other wording"
+    return "no error"
+
+
 def _config_default(flag: str) -> str:
     return f"{flag} = {getattr(jax.config, flag)}"
 
@@ -115,6 +226,13 @@ def _p_alias(_: str) -> str:
 PROBES: dict[str, Callable[[str], str]] = {
     "resolve": resolve,
     "shard_map_argument": _shard_map_argument,
+    "experimental_shard_map_argument": _experimental_shard_map_argument,
+    "requires_python": _requires_python,
+    "module_or_namespace": _module_or_namespace,
+    "same_object": _same_object,
+    "replica_groups_spelling": _replica_groups_spelling,
+    "compiled_parameter_sharding": _compiled_parameter_sharding,
+    "contracting_error": _contracting_error,
     "config_default": _config_default,
     "config_option": _config_option,
     "make_mesh_default": _make_mesh_default,
