@@ -243,3 +243,11 @@ def test_curves_take_plain_x_ticks():
     assert list(ax.get_xticks()) == [2, 4, 8, 16, 32, 64]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["2", "4", "8", "16", "32", "64"]
     plt.close(fig)
+
+
+def test_how_many_words_a_count():
+    assert roofline_pages.how_many(7, 7) == "all 7"
+    assert roofline_pages.how_many(0, 7) == "none of the 7"
+    assert roofline_pages.how_many(np.int64(5), 7) == "5 of the 7"
+    with pytest.raises(InputError, match="count"):
+        roofline_pages.how_many(8, 7)

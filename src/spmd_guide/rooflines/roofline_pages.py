@@ -174,6 +174,15 @@ def chip_for(device: Any) -> str | None:
     return None
 
 
+def how_many(count: int, total: int) -> str:
+    """``count`` of ``total`` in words for a sentence: "all 7", "none of the 7", "5 of the 7"."""
+    total = checks.count("total", total)
+    count = checks.count("count", count, minimum=0, maximum=total)
+    if count == total:
+        return f"all {total}"
+    return f"none of the {total}" if count == 0 else f"{count} of the {total}"
+
+
 # --------------------------------------------------------------------------- figures
 
 
