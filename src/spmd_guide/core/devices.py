@@ -42,7 +42,7 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
 
     ``n`` is any positive integer (NumPy integers too) up to
     ``checks.MAX_DEVICES``. The request is made with the ``jax_num_cpu_devices``
-    option, which on JAX 0.10 takes precedence over an
+    option, which (on JAX 0.10 and 0.12 alike) takes precedence over an
     ``XLA_FLAGS=--xla_force_host_platform_device_count`` setting.
 
     Raises ``ValueError`` for a bad ``n`` and ``RuntimeError`` when the devices
