@@ -346,6 +346,17 @@ def test_gallery_exercises(book_gallery):
     assert book_gallery.entry((1, 8), P(None, "model")).ok is False
 
 
+def test_gallery_two_axis_row_specs_differ_only_in_order_and_only_on_2d_meshes(book_gallery):
+    """gallery.md: the two tuple specs give single rows everywhere; their device orders
+    differ on (4, 2) and (2, 4), and agree on (1, 8) and (8, 1)."""
+    first, second = P(("data", "model"), None), P(("model", "data"), None)
+    for shape in MESH_SHAPES:
+        a, b = book_gallery.entry(shape, first).blocks, book_gallery.entry(shape, second).blocks
+        assert len(a) == len(b) == 8 and all(len(block.devices) == 1 for block in a + b)
+        assert sorted(x.devices for x in a) == sorted(x.devices for x in b)
+        assert ([x.devices for x in a] == [x.devices for x in b]) == (1 in shape), shape
+
+
 def test_devices_holding_checks_against_numpy():
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     x = np.arange(32).reshape(8, 4)
