@@ -1,0 +1,230 @@
+"""What a sharded checkpoint is: who writes which piece, the files, who reads what back.
+
+Orbax writes an array the way it lies on the devices. Each distinct piece (shard) is written
+once, by the process that owns a device holding it; when several devices hold copies of a
+piece, the copies split the writing between them (Orbax's *replica-parallel* save, its
+default except on GPU: each copy writes ``1/r`` of the piece along its first dimension that
+``r`` divides). Every piece a process writes goes into that process's own key-value store
+(``ocdbt.process_<i>/``, OCDBT), as one zstd-compressed zarr chunk; at the commit the stores
+are merged under one index. A restore in another layout reads, for each distinct slice the
+new layout asks for, the saved chunks that slice overlaps: whole chunks, since a compressed
+chunk is decoded whole.
+
+These functions compute each of those facts from the arrays, the files and the metadata, so
+the pages can print them and the tests can pin them against Orbax.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import re
+from collections import defaultdict
+from typing import Any
+
+import jax
+import numpy as np
+
+from spmd_guide.checkpointing import checkpoint
+from spmd_guide.core import checks
+from spmd_guide.rooflines.roofline import Chip, get_chip
+
+__all__ = ["bytes_per_device", "files", "fits", "read_plan", "read_summary", "state_bytes",
+           "write_plan", "written_pieces"]
+
+
+def _index_bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int],
+                                                                              ...]:
+    return tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=False)) + tuple(
+        (0, n) for n in shape[len(index):])
+
+
+def _arrays(name: str, tree: Any) -> list[tuple[str, jax.Array]]:
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    if not leaves:
+        raise checks.InputError(f"{name} must hold at least one array.")
+    for path, x in leaves:
+        if not isinstance(x, jax.Array):
+            raise checks.InputTypeError(
+                f"{name} leaf {checkpoint._name(path)!r} must be a jax.Array (placed on "
+                f"devices), got {checks._show(x)}.")
+    return [(checkpoint._name(path), x) for path, x in leaves]
+
+
+def _laid_out(name: str, tree: Any) -> list[tuple[str, Any]]:
+    """Leaves that say a layout: arrays, or ShapeDtypeStructs with a sharding."""
+    return [(checkpoint._name(p), x)
+            for p, x in jax.tree_util.tree_leaves_with_path(checkpoint.abstract(tree))]
+
+
+def state_bytes(tree: Any) -> int:
+    """The bytes of a pytree's values, each array counted once (however many copies the
+    devices hold)."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+               for _, x in _laid_out("tree", tree))
+
+
+def bytes_per_device(tree: Any) -> dict[int, int]:
+    """The bytes each device holds of a pytree laid out by its shardings (arrays, or
+    ``jax.ShapeDtypeStruct`` with shardings: nothing needs to be allocated)."""
+    held: dict[int, int] = defaultdict(int)
+    for _, x in _laid_out("tree", tree):
+        size = math.prod(x.sharding.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
+        for device in x.sharding.device_set:
+            held[device.id] += size
+    return dict(sorted(held.items()))
+
+
+def fits(tree: Any, chip: str | Chip) -> dict[str, Any]:
+    """Whether the layout of ``tree`` fits in ``chip``'s HBM: the most any device holds
+    against the chip's capacity. Only the state itself: a training step needs room for
+    gradients and activations on top."""
+    chip = get_chip(chip)
+    held = bytes_per_device(tree)
+    most = max(held.values())
+    return {"chip": chip.key, "devices": len(held), "most per device": most,
+            "hbm": int(chip.hbm_bytes), "fits": most <= chip.hbm_bytes}
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _default_replica_parallel() -> bool:
+    # Orbax's own default (jax_array_handlers._get_default_use_replica_parallel): on unless
+    # JAX_PLATFORMS names a GPU.
+    platforms = os.environ.get("JAX_PLATFORMS", "").lower()
+    return not ("gpu" in platforms or "cuda" in platforms)
+
+
+def written_pieces(array: jax.Array, *, replica_parallel: bool | None = None
+                   ) -> list[tuple[jax.Device, tuple[tuple[int, int], ...]]]:
+    """The pieces of ``array`` a save writes: ``(device, ((start, stop), ...))``, each element
+    of the array in exactly one piece. ``replica_parallel`` defaults to Orbax's default."""
+    if not isinstance(array, jax.Array):
+        raise checks.InputTypeError(f"array must be a jax.Array, got {checks._show(array)}.")
+    if replica_parallel is None:
+        replica_parallel = _default_replica_parallel()
+    shape = tuple(array.shape)
+    copies: dict[tuple[tuple[int, int], ...], list[Any]] = defaultdict(list)
+    for shard in array.addressable_shards:
+        copies[_index_bounds(shard.index, shape)].append(shard)
+    pieces = []
+    for bounds, shards in copies.items():
+        shards = sorted(shards, key=lambda s: s.replica_id)
+        local = [b - a for a, b in bounds]
+        r = len(shards)
+        axis = next((d for d, n in enumerate(local) if n % r == 0), None) \
+            if replica_parallel and r > 1 and math.prod(local) > 0 else None
+        if axis is None:
+            pieces.append((shards[0].device, bounds))
+            continue
+        size = local[axis] // r
+        for shard in shards:
+            start = bounds[axis][0] + shard.replica_id * size
+            pieces.append((shard.device, bounds[:axis] + ((start, start + size),)
+                           + bounds[axis + 1:]))
+    return pieces
+
+
+def write_plan(state: Any, *, replica_parallel: bool | None = None) -> list[dict[str, Any]]:
+    """One row per device: its process, the bytes it holds and the pieces and bytes it
+    writes when ``state`` is saved. The writes add up to :func:`state_bytes`."""
+    rows: dict[int, dict[str, Any]] = {}
+    for _, x in _arrays("state", state):
+        item = np.dtype(x.dtype).itemsize
+        for shard in x.addressable_shards:
+            row = rows.setdefault(shard.device.id, {
+                "device": shard.device.id, "process": shard.device.process_index,
+                "holds": 0, "pieces written": 0, "bytes written": 0})
+            row["holds"] += shard.data.size * item
+        for device, bounds in written_pieces(x, replica_parallel=replica_parallel):
+            rows[device.id]["pieces written"] += 1
+            rows[device.id]["bytes written"] += math.prod(b - a for a, b in bounds) * item
+    return [rows[d] for d in sorted(rows)]
+
+
+# --------------------------------------------------------------------------- the files
+
+
+def _role(relative: pathlib.PurePath) -> str:
+    parts = relative.parts
+    if parts[-1] == "commit_success.txt":
+        return "commit markers"
+    for part in parts:
+        if m := re.fullmatch(r"ocdbt\.process_(\d+)", part):
+            return f"data written by process {m.group(1)}"
+    if parts[-1] == "manifest.ocdbt" or (len(parts) > 1 and parts[-2] == "d"):
+        return "merged index of all processes' data"
+    return "metadata: tree, shapes, dtypes, saved shardings"
+
+
+def files(step_directory: Any) -> list[dict[str, Any]]:
+    """The files of one saved step (a ``<directory>/<step>`` directory, complete or not),
+    grouped by role: how many, and their bytes."""
+    path = pathlib.Path(checkpoint._directory(step_directory, must_exist=True))
+    groups: dict[str, list[int]] = defaultdict(list)
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = pathlib.Path(root) / name
+            groups[_role(full.relative_to(path))].append(full.stat().st_size)
+    if not groups:
+        raise checks.InputError(f"{str(path)!r} holds no files: it is not a saved step.")
+    return [{"role": role, "files": len(sizes), "bytes": sum(sizes)}
+            for role, sizes in sorted(groups.items())]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _chunks_overlapping(bounds: tuple[tuple[int, int], ...], chunk: tuple[int, ...]) -> int:
+    count = 1
+    for (start, stop), c in zip(bounds, chunk, strict=True):
+        count *= 0 if stop <= start else (stop - 1) // c - start // c + 1
+    return count
+
+
+def read_plan(directory: Any, *, like: Any, step: int | None = None) -> list[dict[str, Any]]:
+    """One row per device of ``like``'s layout: the bytes it will hold after a restore of
+    ``step`` (default: the latest) and the saved chunks its slices overlap (count, bytes)."""
+    saved = checkpoint.saved_arrays(directory, step=step)
+    rows: dict[int, dict[str, Any]] = {}
+    for name, x in _laid_out("like", like):
+        if name not in saved:
+            raise checks.InputError(f"like leaf {name!r} is not in the checkpoint.")
+        chunk = saved[name].chunk_shape
+        item = np.dtype(x.dtype).itemsize
+        for device, index in x.sharding.devices_indices_map(tuple(x.shape)).items():
+            bounds = _index_bounds(index, tuple(x.shape))
+            n = _chunks_overlapping(bounds, chunk) if x.shape else 1
+            row = rows.setdefault(device.id, {"device": device.id, "holds": 0,
+                                              "chunks read": 0, "chunk bytes": 0})
+            row["holds"] += math.prod(b - a for a, b in bounds) * item
+            row["chunks read"] += n
+            row["chunk bytes"] += n * math.prod(chunk) * item
+    return [rows[d] for d in sorted(rows)]
+
+
+def read_summary(directory: Any, *, like: Any, step: int | None = None) -> dict[str, int]:
+    """What a restore into ``like`` reads in all: a slice held by several devices is read
+    once and copied to each (Orbax reads per distinct slice). ``chunk bytes`` over ``state
+    bytes`` is the read amplification of cutting the saved chunks another way."""
+    saved = checkpoint.saved_arrays(directory, step=step)
+    slices = chunks = chunk_bytes = placed = 0
+    for name, x in _laid_out("like", like):
+        chunk = saved[name].chunk_shape if name in saved else tuple(x.shape)
+        item = np.dtype(x.dtype).itemsize
+        seen = set()
+        for index in x.sharding.devices_indices_map(tuple(x.shape)).values():
+            bounds = _index_bounds(index, tuple(x.shape))
+            placed += math.prod(b - a for a, b in bounds) * item
+            if bounds in seen:
+                continue
+            seen.add(bounds)
+            n = _chunks_overlapping(bounds, chunk) if x.shape else 1
+            slices += 1
+            chunks += n
+            chunk_bytes += n * math.prod(chunk) * item
+    return {"devices": len(bytes_per_device(like)), "slices read": slices,
+            "chunks read": chunks, "chunk bytes read": chunk_bytes,
+            "bytes placed on devices": placed, "state bytes": state_bytes(like)}

@@ -1,0 +1,155 @@
+"""The anatomy of a checkpoint, pinned against Orbax: the pieces each device writes are the
+ones Orbax's save picks, they tile every array once, the chunks on disk have their shapes,
+the files add up, and the read and memory accounting is the layouts' arithmetic."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import jax
+import numpy as np
+import pytest
+from helpers import DEVICES, mesh_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from orbax.checkpoint._src.serialization import replica_slices
+
+from spmd_guide.checkpointing import anatomy, checkpoint, training
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.rooflines.roofline import CHIPS
+from spmd_guide.transformer import lm, transformer
+
+CONFIG = lm.Config(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=1, seq_len=8)
+
+
+@functools.cache
+def _state():
+    s = transformer.STRATEGIES["fsdp_tp"]
+    mesh = s.mesh(DEVICES)
+    params = lm.init_params(jax.random.key(0), CONFIG)
+    params = jax.device_put(params, s.shardings(params, mesh))
+    return {"params": params, "opt_state": lm.optimizer().init(params)}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("anatomy")
+    checkpoint.save(directory, _state(), step=1)
+    return directory
+
+
+def _orbax_pieces(x, parallel):
+    found = replica_slices.get_replica_slices(x, replica_id=0, use_replica_parallel=parallel)
+    return sorted((r.unsliced_data.device.id,
+                   tuple(s.indices(n)[:2] for s, n in zip(r.index, x.shape, strict=False)))
+                  for r in found.replica_slices)
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_written_pieces_are_orbaxs_and_tile_each_array_once(parallel):
+    arrays = jax.tree.leaves(_state()) + [
+        jax.device_put(np.arange(6.0), NamedSharding(mesh_of(4, ("a", "b"), (2, 2)), P())),
+        jax.device_put(np.arange(8.0), NamedSharding(mesh_of(8, ("a", "b"), (4, 2)), P("a")))]
+    for x in arrays:
+        ours = sorted((d.id, b) for d, b in anatomy.written_pieces(x, replica_parallel=parallel))
+        assert ours == _orbax_pieces(x, parallel)
+        cover = np.zeros(x.shape, int)
+        for _, bounds in ours:
+            cover[tuple(slice(a, b) for a, b in bounds)] += 1
+        assert (cover == 1).all()
+
+
+def test_write_plan_writes_each_byte_once_and_spreads_the_work():
+    state = _state()
+    rows = anatomy.write_plan(state)
+    assert [r["device"] for r in rows] == list(range(8))
+    assert sum(r["bytes written"] for r in rows) == anatomy.state_bytes(state)
+    assert sum(r["holds"] for r in rows) == sum(anatomy.bytes_per_device(state).values())
+    # fsdp_tp holds some leaves twice (replicated over 'model'): the devices hold more than
+    # the state, and every device writes a share
+    assert sum(r["holds"] for r in rows) > anatomy.state_bytes(state)
+    assert min(r["bytes written"] for r in rows) > 0
+    one = anatomy.write_plan(state, replica_parallel=False)
+    assert sum(r["bytes written"] for r in one) == anatomy.state_bytes(state)
+
+
+def test_the_chunks_on_disk_have_the_written_pieces_shapes(saved):
+    found = checkpoint.saved_arrays(saved)
+    flat = {checkpoint._name(p): x for p, x in jax.tree_util.tree_leaves_with_path(_state())}
+    for name, x in flat.items():
+        shapes = {tuple(b - a for a, b in bounds) for _, bounds in anatomy.written_pieces(x)}
+        assert shapes == {found[name].chunk_shape}, name
+
+
+def test_files_add_up_to_the_directory(saved):
+    rows = anatomy.files(saved / "1")
+    total = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(saved / "1")
+                for f in fs)
+    assert sum(r["bytes"] for r in rows) == total
+    roles = {r["role"]: r for r in rows}
+    assert set(roles) == {"commit markers", "data written by process 0",
+                          "merged index of all processes' data",
+                          "metadata: tree, shapes, dtypes, saved shardings"}
+    # Adam's moments are zeros here (compressible); the parameters are not, so the data is
+    # at least a quarter of the state
+    assert roles["data written by process 0"]["bytes"] > anatomy.state_bytes(_state()) // 4
+    with pytest.raises(InputError, match="not a saved step"):
+        empty = saved / "empty"
+        empty.mkdir(exist_ok=True)
+        anatomy.files(empty)
+
+
+def test_reading_back_the_saved_layout_reads_each_chunk_once(saved):
+    like = checkpoint.saved_layout(saved)
+    summary = anatomy.read_summary(saved, like=like)
+    assert summary["chunk bytes read"] == summary["state bytes"] == anatomy.state_bytes(_state())
+    one = anatomy.read_summary(saved, like=_on_one_device(like))
+    assert one["slices read"] == len(jax.tree.leaves(like))
+    assert one["chunk bytes read"] == one["bytes placed on devices"] == one["state bytes"]
+
+
+def _on_one_device(like):
+    sharding = NamedSharding(mesh_of(1), P())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), like)
+
+
+def test_cutting_saved_chunks_another_way_reads_whole_chunks(saved):
+    # wq (16, 4, 4) was saved P('data', 'model') on a 4 x 2 mesh: chunks (4, 2, 4). tp on 4
+    # devices wants one head each, (16, 1, 4): four chunks of 32 values for 64 values kept.
+    like = checkpoint.saved_layout(saved)
+    mesh = transformer.STRATEGIES["tp"].mesh(DEVICES[:4])
+    wq = jax.ShapeDtypeStruct((16, 4, 4), np.float32,
+                              sharding=NamedSharding(mesh, P(None, "model", None)))
+    tree = {"params": {"blocks": [{"wq": wq}]}}
+    rows = anatomy.read_plan(saved, like=tree)
+    assert [(r["holds"], r["chunks read"], r["chunk bytes"]) for r in rows] == \
+        [(64 * 4, 4, 4 * 32 * 4)] * 4
+    summary = anatomy.read_summary(saved, like=tree)
+    assert summary["chunk bytes read"] == 2 * summary["state bytes"]
+    assert like["params"]["blocks"][0]["wq"].sharding.shard_shape((16, 4, 4)) == (4, 2, 4)
+
+
+def test_bytes_per_device_and_fits():
+    big = lm.Config(vocab=32768, d_model=2048, n_heads=16, d_ff=8192, n_layers=24, seq_len=2048)
+    one = training.state_like(big, strategy="dp", n_devices=1)
+    n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(one["params"]))
+    held = anatomy.bytes_per_device(one)
+    assert held == {0: 3 * 4 * n_params + 4 + 5 * 4}  # params, two moments, count, data
+    eight = training.state_like(big, strategy="fsdp_tp", n_devices=8)
+    assert max(anatomy.bytes_per_device(eight).values()) < held[0] / 7
+    v5e = anatomy.fits(one, "tpu-v5e")
+    assert v5e["fits"] is (held[0] <= CHIPS["tpu-v5e"].hbm_bytes) and v5e["devices"] == 1
+    assert anatomy.fits(eight, CHIPS["tpu-v5e"])["fits"] is True
+    with pytest.raises(InputError):
+        anatomy.fits(one, "tpu-v99")
+
+
+def test_bad_inputs():
+    with pytest.raises(InputTypeError, match="jax.Array"):
+        anatomy.written_pieces(np.zeros(3))
+    with pytest.raises(InputTypeError, match="'a'"):
+        anatomy.write_plan({"a": np.zeros(3)})
+    with pytest.raises(InputTypeError, match="sharding"):
+        anatomy.bytes_per_device({"a": jax.ShapeDtypeStruct((3,), np.float32)})
