@@ -69,3 +69,21 @@ def test_listed_writes_an_english_list():
     assert listed(["a", "b", "c"]) == "a, b and c"
     with pytest.raises(TypeError, match="non-empty list"):
         listed("abc")
+
+
+def test_jax_prints_and_appends_the_source_of_an_indivisible_device_put(capsys):
+    """when_it_goes_wrong.md on JAX 0.12: the IndivisibleError of device_put ends with "This
+    error occurs at source: <file:line:col (function)>", and JAX also prints that location
+    on a line of its own before raising (a print left in jax/_src/pjit.py)."""
+    import jax
+    import numpy as np
+    from helpers import mesh_of
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    message = " ".join(error_of(
+        jax.device_put, np.arange(6.0), NamedSharding(mesh_of(4), P("x"))).split())
+    printed = capsys.readouterr().out.strip()
+    assert message.startswith("IndivisibleError: One of device_put args was given the sharding")
+    assert printed.endswith("(error_of)") and "display.py:" in printed
+    assert message.endswith(f"This error occurs at source: {printed}")
