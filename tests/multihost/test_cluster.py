@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -29,20 +30,59 @@ def test_detectors_say_who_restricts_devices():
     assert not rows["K8sCluster"]["one device per process"]
     assert rows["Mpi4pyCluster"]["opt-in only"]
     assert cluster.open_mpi_variable() == "OMPI_MCA_orte_hnp_uri"
+    # JAX 0.12: Open MPI 5 goes through mpi4py; SLURM and Kubernetes never do
+    assert [rows[c]["needs mpi4py"] for c in ("OmpiCluster", "Mpi4pyCluster", "SlurmCluster",
+                                              "K8sCluster")] == ["Open MPI 5", "always", "no", "no"]
+
+
+_EMPTY = dict.fromkeys(("cluster", "coordinator_address", "num_processes", "process_id",
+                        "local_device_ids", "needs", "error"))
 
 
 def test_detect():
     slurm = cluster.detect(SLURM)
-    assert slurm == {"cluster": "SlurmCluster", "coordinator_address": "node001:61497",
+    assert slurm == {**_EMPTY, "cluster": "SlurmCluster", "coordinator_address": "node001:61497",
                      "num_processes": 4, "process_id": 2, "local_device_ids": [0]}
     ompi = cluster.detect(OMPI4)
     assert ompi["cluster"] == "OmpiCluster" and ompi["coordinator_address"].startswith("10.0.0.1:")
     assert (ompi["num_processes"], ompi["process_id"], ompi["local_device_ids"]) == (16, 9, [1])
-    # Open MPI 5 sets the rank variables but not the ORTE one: nothing is detected
-    five = {k: v for k, v in OMPI4.items() if k != "OMPI_MCA_orte_hnp_uri"}
-    assert cluster.detect(five) == dict.fromkeys(
-        ("cluster", "coordinator_address", "num_processes", "process_id", "local_device_ids"))
+    assert ompi["needs"] is None and ompi["error"] is None
+    assert cluster.detect({}) == _EMPTY
     assert "SLURM_NTASKS" not in os.environ  # the environment is restored
+
+
+OMPI5_RANKS = {k: v for k, v in OMPI4.items() if k != "OMPI_MCA_orte_hnp_uri"}
+
+
+@pytest.mark.parametrize("env", [
+    OMPI5_RANKS,                                       # PRRTE sets no ORTE variable
+    {**OMPI5_RANKS, "OMPI_VERSION": "5.0.3"},          # or says its version
+    {**OMPI4, "OMPI_VERSION": "5.0.3"},                # the version wins over the variable
+])
+@pytest.mark.parametrize("installed", [False, True])
+def test_open_mpi_5_needs_mpi4py_and_detect_never_starts_mpi(env, installed, monkeypatch):
+    """JAX 0.12 recognises Open MPI 5 and asks MPI (mpi4py) for the ranks. Tested without
+    MPI: mpi4py is made to look absent, or present; importing it would fail either way, so
+    detect must not touch it."""
+    from jax._src.clusters import mpi4py_cluster
+
+    monkeypatch.setattr(mpi4py_cluster, "find_spec", lambda name: object() if installed else None)
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # `import mpi4py` raises ImportError
+    found = cluster.detect(env)
+    assert found["cluster"] == "OmpiCluster" and found["needs"] == "mpi4py"
+    assert [found[k] for k in ("coordinator_address", "num_processes", "process_id",
+                               "local_device_ids")] == [None] * 4
+    if installed:
+        assert found["error"] is None
+    else:
+        assert found["error"] == ("RuntimeError: Open MPI 5 or newer requires mpi4py for "
+                                  "distributed initialization.")
+    assert cluster.mpi4py_installed() is installed
+
+
+def test_open_mpi_4_with_its_version_is_read_from_variables():
+    found = cluster.detect({**OMPI4, "OMPI_VERSION": "4.1.6"})
+    assert (found["cluster"], found["num_processes"], found["needs"]) == ("OmpiCluster", 16, None)
 
 
 def test_multihost_page_exercise():

@@ -23,6 +23,7 @@ from spmd_guide.multihost.multihost import (
     ProcessTimeout,
     free_port,
     launch,
+    service_verdict,
     still_running,
 )
 
@@ -66,6 +67,8 @@ def assert_nothing_left(results: list[ProcessResult]) -> None:
     ({"timeout": -1.0}, r"timeout \(seconds\) must be"),
     ({"timeout": math.inf}, r"timeout \(seconds\) must be"),
     ({"timeout": math.nan}, r"timeout \(seconds\) must be"),
+    ({"heartbeat_timeout": 0}, "heartbeat_timeout must be"),
+    ({"heartbeat_timeout": 1.5}, "heartbeat_timeout must be"),
 ])
 def test_bad_counts_and_time_limits_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
@@ -222,6 +225,54 @@ def test_a_hanging_process_is_stopped_at_the_time_limit():
     assert 1 in error.still_running and "at the 3 s time limit" in str(error)
     assert all(r.returncode is not None for r in error.results)
     assert_nothing_left(error.results)
+
+
+@pytest.mark.slow
+def test_a_frozen_process_is_declared_dead_and_the_others_terminated():
+    """multihost.md: a process that stops sending heartbeats (SIGSTOP: connections open,
+    nothing sent) makes JAX's coordination service terminate the others after the heartbeat
+    timeout, long before the launcher's time limit."""
+    with pytest.raises(ProcessFailed) as caught:
+        launch(multihost_examples.freeze, num_processes=2, devices_per_process=2,
+               heartbeat_timeout=1, timeout=60)
+    error = caught.value
+    assert error.process_id == 0 and error.results[0].ended == "signal 6 (SIGABRT)"
+    assert error.results[0].seconds < 30
+    verdict = service_verdict(error.stderr)
+    assert verdict.startswith("Terminating process because the JAX distributed service")
+    assert verdict.endswith("(stopped sending heartbeats): 1.")
+    assert error.results[1].row()["last line printed"] == "process 1 freezes"
+    assert_nothing_left(error.results)
+
+
+@pytest.mark.slow
+def test_a_process_hanging_alive_keeps_the_others_waiting():
+    """multihost.md: a live but stuck process keeps sending heartbeats, so even a 1 s
+    heartbeat timeout never fires; only the launcher's time limit ends the run."""
+    with pytest.raises(ProcessTimeout) as caught:
+        launch(multihost_examples.freeze, num_processes=2, devices_per_process=2,
+               heartbeat_timeout=1, timeout=8, kwargs={"how": "hang"})
+    error = caught.value
+    assert sorted(error.still_running) == [0, 1]
+    assert service_verdict(error.results[0].stderr) is None
+    assert_nothing_left(error.results)
+
+
+def test_how_a_process_ended_reads_as_words():
+    killed = ProcessResult(0, -6, "a\nlast words\n", "", seconds=2.04)
+    assert killed.ended == "signal 6 (SIGABRT)" and ProcessResult(1, 3, "", "").ended == "exit code 3"
+    assert killed.row() == {"process": 0, "ended": "signal 6 (SIGABRT)", "after (s)": "2.0",
+                            "last line printed": "last words"}
+    assert ProcessResult(0, -200, "", "").ended == "signal 200"
+    text = ("E1 ... Terminating process because the JAX distributed service detected fatal "
+            "errors. This most likely ... absl::Status: UNAVAILABLE: The following tasks are "
+            "unhealthy (stopped sending heartbeats):\n1, 2\nThe tasks have crashed.")
+    assert service_verdict(text) == (
+        "Terminating process because the JAX distributed service detected fatal errors. The "
+        "following tasks are unhealthy (stopped sending heartbeats): 1, 2.")
+    assert service_verdict("Traceback: ValueError") is None
+    with pytest.raises(InputTypeError, match="stderr"):
+        service_verdict(None)
 
 
 # ------------------------------------------------------------------ one process, a script

@@ -1,4 +1,4 @@
-"""Planning for a real pod or cluster from one machine (Part VI).
+"""Planning for a real pod or cluster from one machine (Part VII).
 
 Two questions a reader has before the first multi-host run, answered without a cluster:
 
@@ -38,12 +38,15 @@ def _registry() -> Any:
 
 
 def detectors() -> list[dict[str, Any]]:
-    """The cluster environments ``initialize()`` tries, in order, and whether each one
-    restricts a process to one device (``local_device_ids=[local rank]``) on its own.
+    """The cluster environments ``initialize()`` tries, in order, whether each one restricts
+    a process to one device (``local_device_ids=[local rank]``) on its own, and whether it
+    asks MPI itself (through the ``mpi4py`` package) for the ranks.
 
     A class restricts when it defines ``get_local_process_id``; JAX then sets
     ``local_device_ids`` to that local rank unless you passed ``local_device_ids`` (or set
-    ``JAX_LOCAL_DEVICE_IDS``), and never on a Cloud TPU VM.
+    ``JAX_LOCAL_DEVICE_IDS``), and never on a Cloud TPU VM. ``Mpi4pyCluster`` asks MPI;
+    from JAX 0.12 so does ``OmpiCluster`` under Open MPI 5 (it hands over to
+    ``Mpi4pyCluster``).
     """
     base = _registry()
     rows = []
@@ -51,12 +54,35 @@ def detectors() -> list[dict[str, Any]]:
         overrides = env.get_local_process_id.__func__ is not base.get_local_process_id.__func__
         rows.append({"class": env.__name__, "name": env.name or "-",
                      "opt-in only": env.opt_in_only_method,
-                     "one device per process": overrides})
+                     "one device per process": overrides,
+                     "needs mpi4py": _asks_mpi(env)})
     return rows
 
 
+def _asks_mpi(env: Any) -> str:
+    """When ``env`` reads the ranks from MPI (``mpi4py``): ``"always"``, ``"Open MPI 5"``
+    (JAX 0.12's ``OmpiCluster``, which hands Open MPI 5 to ``Mpi4pyCluster``) or ``"no"``."""
+    if env.__name__ == "Mpi4pyCluster":
+        return "always"
+    if callable(getattr(env, "_mpi4py_cluster", None)):
+        return "Open MPI 5"
+    return "no"
+
+
+def mpi4py_installed() -> bool:
+    """Whether ``mpi4py`` can be imported here: what JAX's ``Mpi4pyCluster`` checks (it
+    looks the package up without importing it)."""
+    return bool(_registry_class("Mpi4pyCluster").is_env_present())
+
+
+def _registry_class(name: str) -> Any:
+    return next(c for c in _registry()._cluster_types if c.__name__ == name)
+
+
 def open_mpi_variable() -> str:
-    """The environment variable whose presence makes JAX detect an Open MPI launch."""
+    """The variable of ORTE, Open MPI's runtime up to version 4, whose presence makes JAX
+    detect an Open MPI launch. (From JAX 0.12, Open MPI 5 is recognised too: by
+    ``OMPI_VERSION``, or by the rank variables without this one.)"""
     from jax._src.clusters import ompi_cluster
 
     return ompi_cluster._ORTE_URI
@@ -69,6 +95,12 @@ def detect(env: Mapping[str, str]) -> dict[str, Any]:
     Runs ``ClusterEnv.auto_detect_unset_distributed_params`` (the detection step of
     ``initialize``) with ``os.environ`` replaced by ``env`` for the duration of the call; it
     connects to nothing. ``cluster`` is the detected class name, or ``None``.
+
+    An environment whose values come from MPI itself (Open MPI 5 in JAX 0.12: see
+    :func:`detectors`) cannot be read from variables: ``needs`` is then ``"mpi4py"`` and the
+    four values are ``None``. If ``mpi4py`` is missing, ``error`` holds what ``initialize()``
+    would raise; if it is installed, MPI is not started here (it would answer for this
+    process alone), and ``error`` is ``None``.
     """
     if not isinstance(env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
@@ -76,14 +108,26 @@ def detect(env: Mapping[str, str]) -> dict[str, Any]:
             f"env must be a mapping of variable names to string values, such as "
             f"{{'SLURM_NTASKS': '8'}}, got {env!r}.")
     base = _registry()
+    values: tuple[Any, ...] = (None, None, None, None)
+    needs = error = None
     with mock.patch.dict(os.environ, dict(env), clear=True):
         found = next((c for c in base._cluster_types
                       if not c.opt_in_only_method and c.is_env_present()), None)
-        address, count, index, local = base.auto_detect_unset_distributed_params(
-            None, None, None, None, None, 300)
+        if found is not None and _asks_mpi(found) == "Open MPI 5" and found._is_ompi_5():
+            needs = "mpi4py"
+            if not mpi4py_installed():  # then JAX raises before it touches MPI
+                try:
+                    base.auto_detect_unset_distributed_params(None, None, None, None, None, 300)
+                except RuntimeError as raised:
+                    error = f"{type(raised).__name__}: {raised}"
+        else:
+            values = base.auto_detect_unset_distributed_params(
+                None, None, None, None, None, 300)
+    address, count, index, local = values
     return {"cluster": found.__name__ if found else None, "coordinator_address": address,
             "num_processes": count, "process_id": index,
-            "local_device_ids": None if local is None else list(local)}
+            "local_device_ids": None if local is None else list(local),
+            "needs": needs, "error": error}
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,39 @@ class ProcessResult:
     seconds: float = 0.0
     os_pid: int = 0
 
+    @property
+    def ended(self) -> str:
+        """``"exit code 0"``, or ``"signal 6 (SIGABRT)"`` for a process a signal ended."""
+        if self.returncode >= 0:
+            return f"exit code {self.returncode}"
+        try:
+            name = f" ({signal.Signals(-self.returncode).name})"
+        except ValueError:
+            name = ""
+        return f"signal {-self.returncode}{name}"
+
+    def row(self) -> dict[str, Any]:
+        """A table row: how and when the process ended, and the last line it printed."""
+        lines = self.stdout.strip().splitlines()
+        return {"process": self.process_id, "ended": self.ended,
+                "after (s)": f"{self.seconds:.1f}", "last line printed": lines[-1] if lines else ""}
+
+
+_VERDICT = re.compile(r"(Terminating process because the JAX distributed service[^.]*\.)"
+                      r"(?:.|\n)*?(The following tasks are unhealthy[^:]*:)\s*([\d, ]+)")
+
+
+def service_verdict(stderr: str) -> str | None:
+    """Why JAX's coordination service terminated a process, in one sentence, read from the
+    process's ``stderr``; ``None`` if it did not."""
+    if not isinstance(stderr, str):
+        raise checks.InputTypeError(f"stderr must be a process's error output (a string), "
+                                    f"got {stderr!r:.60}.")
+    match = _VERDICT.search(stderr)
+    if match is None:
+        return None
+    return f"{match[1]} {match[2]} {match[3].strip()}."
+
 
 class ProcessFailed(RuntimeError):
     """A launched process failed; every other process was stopped.
@@ -124,6 +157,7 @@ def launch(
     timeout: float = 60.0,
     kwargs: Mapping[str, Any] | None = None,
     args: Sequence[str] = (),
+    heartbeat_timeout: int | None = None,
 ) -> list[ProcessResult]:
     """Run ``target`` in ``num_processes`` local JAX processes with ``devices_per_process`` CPU
     devices each; return one :class:`ProcessResult` per process, ordered by process id.
@@ -140,8 +174,14 @@ def launch(
     :class:`ProcessFailed` if a process exits with an error, and :class:`ProcessTimeout` if the
     processes are not all done within ``timeout`` seconds. In every case all processes are
     stopped before the call returns or raises.
+
+    ``heartbeat_timeout`` (whole seconds) is ``initialize``'s ``heartbeat_timeout_seconds``:
+    how long JAX's coordination service waits for a silent process before it declares it
+    dead and terminates the others. ``None`` keeps JAX's default.
     """
     num_processes = checks.count("num_processes", num_processes, maximum=256)
+    if heartbeat_timeout is not None:
+        heartbeat_timeout = checks.count("heartbeat_timeout", heartbeat_timeout)
     devices_per_process = checks.count("devices_per_process", devices_per_process,
                                        maximum=checks.MAX_DEVICES)
     timeout = checks.real("timeout (seconds)", timeout, positive=True)
@@ -172,6 +212,7 @@ def launch(
             "num_processes": num_processes,
             "devices_per_process": devices_per_process,
             "timeout": timeout,
+            "heartbeat_timeout": heartbeat_timeout,
         }
         spec_path = Path(workdir, "spec.json")
         spec_path.write_text(json.dumps(spec))
@@ -416,6 +457,8 @@ def process_main(spec_path: str, process_id: int) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     _use_loopback_gloo()
     port = spec["coordinator"].rsplit(":", 1)[1]
+    heartbeat = ({} if spec.get("heartbeat_timeout") is None
+                 else {"heartbeat_timeout_seconds": spec["heartbeat_timeout"]})
     jax.distributed.initialize(
         coordinator_address=spec["coordinator"],
         coordinator_bind_address=f"{LOOPBACK}:{port}",
@@ -423,6 +466,7 @@ def process_main(spec_path: str, process_id: int) -> None:
         process_id=process_id,
         initialization_timeout=max(1, math.ceil(spec["timeout"])),
         cluster_detection_method="deactivate",  # not SLURM's, not a TPU's
+        **heartbeat,
     )
     try:
         _run_target(spec, spec_path, process_id)

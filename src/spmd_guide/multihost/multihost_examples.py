@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import signal
 import textwrap
 import time
 from collections.abc import Sequence
@@ -121,6 +122,36 @@ def misbehave(*, raise_on: int | None = None,
         while True:
             time.sleep(1)
     return me
+
+
+def freeze(*, frozen: int = 1, how: str = "stop") -> float:
+    """Process ``frozen`` stops taking part after a first collective with the others; they
+    enter a second collective, which waits for it. Returns, in a process that gets out, how
+    many seconds it waited.
+
+    ``how="stop"``: as on a host that loses power, it stops itself (``SIGSTOP``): its
+    connections stay open but it sends nothing, heartbeats included, and JAX's coordination
+    service terminates the others once the heartbeats are overdue. ``how="hang"``: it stays
+    alive in a Python loop; its heartbeats go on, and the others wait until something else
+    (a time limit) ends them.
+    """
+    frozen = checks.count("frozen", frozen, minimum=0, maximum=jax.process_count() - 1)
+    how = checks.one_of("how", how, ("stop", "hang"))
+    me = jax.process_index()
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
+    x = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), np.ones(jax.local_device_count(), np.float32))
+    print(f"process {me}: first sum = {float(jax.jit(jnp.sum)(x)):g}", flush=True)
+    if me == frozen:
+        print(f"process {me} freezes", flush=True)
+        if how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        while True:
+            time.sleep(0.1)
+    start = time.monotonic()
+    print(f"process {me} waits in the second sum", flush=True)
+    float(jax.jit(jnp.sum)(x + 1))
+    return time.monotonic() - start
 
 
 def _process_id(name: str, value: Any) -> int | None:
