@@ -1,0 +1,324 @@
+"""Generation with a KV cache: cached decoding equals full recomputation, sharded generation
+equals one-device generation on 2, 4 and 8 devices (Auto and Explicit axes), the cache's
+layout and bytes per device, donation, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import DEVICES, mesh_of
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide import serving as face
+from spmd_guide.core import checks, hlo
+from spmd_guide.serving import serving
+from spmd_guide.transformer.lm import Config, init_params
+
+# Not the pages' configs: other widths, three blocks, an odd prompt length.
+CONFIG = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=3, seq_len=20)
+BATCH, PROMPT_LEN, STEPS = 8, 7, 9
+
+
+@functools.cache
+def fixture():
+    params = init_params(jax.random.key(3), CONFIG)
+    prompt = jax.random.randint(jax.random.key(4), (BATCH, PROMPT_LEN), 0, CONFIG.vocab,
+                                dtype=jnp.int32)
+    tokens, logits = serving.generate_with_logits(params, prompt, config=CONFIG, steps=STEPS)
+    return params, prompt, np.asarray(tokens), np.asarray(logits)
+
+
+def test_face_exports_the_contract():
+    assert face.generate is serving.generate and face.init_cache is serving.init_cache
+
+
+def test_cached_decoding_equals_full_recomputation():
+    params, prompt, tokens, logits = fixture()
+    ref_tokens, ref_logits = serving.recompute_generate(params, prompt, config=CONFIG,
+                                                        steps=STEPS)
+    assert tokens.shape == (BATCH, PROMPT_LEN + STEPS) and tokens.dtype == np.int32
+    np.testing.assert_array_equal(tokens[:, :PROMPT_LEN], np.asarray(prompt))
+    np.testing.assert_array_equal(tokens, np.asarray(ref_tokens))
+    np.testing.assert_allclose(logits, np.asarray(ref_logits), atol=2e-5)
+    # The greedy choices were clear: no near-tie that rounding could flip.
+    top2 = np.sort(logits, axis=-1)[..., -2:]
+    assert np.min(top2[..., 1] - top2[..., 0]) > 1e-4
+
+
+def test_generate_matches_generate_with_logits_and_takes_numpy():
+    params, prompt, tokens, _ = fixture()
+    out = serving.generate(params, np.asarray(prompt, np.int64), config=CONFIG,
+                           steps=np.int64(STEPS))
+    np.testing.assert_array_equal(np.asarray(out), tokens)
+
+
+def test_one_step_is_prefill_alone():
+    params, prompt, tokens, _ = fixture()
+    out = serving.generate(params, prompt, config=CONFIG, steps=1)
+    np.testing.assert_array_equal(np.asarray(out), tokens[:, :PROMPT_LEN + 1])
+
+
+@settings(max_examples=4, deadline=None)
+@given(prompt_len=hs.integers(1, 6), steps=hs.integers(1, 5), batch=hs.integers(1, 3),
+       layers=hs.integers(1, 2), seed=hs.integers(0, 2**16))
+@pytest.mark.slow
+def test_cache_equals_recompute_for_any_shape(prompt_len, steps, batch, layers, seed):
+    config = Config(vocab=24, d_model=16, n_heads=2, d_ff=32, n_layers=layers, seq_len=12)
+    params = init_params(jax.random.key(seed), config)
+    prompt = np.random.default_rng(seed).integers(0, config.vocab, (batch, prompt_len))
+    tokens, logits = serving.generate_with_logits(params, prompt, config=config, steps=steps)
+    ref_tokens, ref_logits = serving.recompute_generate(params, prompt, config=config,
+                                                        steps=steps)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
+
+
+# --------------------------------------------------------------------------- sharded
+
+QUICK = {("tp", 8), ("dp", 4)}  # fsdp_tp: test_explicit_2d_mesh...; the rest: slow sweep
+CASES = [(name, n) for name in serving.SERVED for n in (2, 4, 8)]
+
+
+@pytest.mark.parametrize(("name", "n"), [
+    pytest.param(name, n, marks=() if (name, n) in QUICK else (pytest.mark.slow,))
+    for name, n in CASES])
+def test_sharded_generation_equals_one_device(name, n):
+    params, prompt, tokens, logits = fixture()
+    mesh = serving.STRATEGIES[name].mesh(DEVICES[:n])
+    out, out_logits = serving.generate_with_logits(params, prompt, config=CONFIG, steps=STEPS,
+                                                   strategy=name, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), tokens)
+    np.testing.assert_allclose(np.asarray(out_logits), logits, atol=2e-5)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("name", ["dp", "tp"])
+def test_auto_and_explicit_axes(name, explicit):
+    params, prompt, tokens, _ = fixture()
+    strategy = serving.STRATEGIES[name]
+    mesh = mesh_of(4, strategy.axes, strategy.mesh_shape(4), explicit=explicit)
+    out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, strategy=name, mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), tokens)
+    cache = serving.init_cache(CONFIG, batch=BATCH, max_len=4, strategy=name, mesh=mesh)
+    assert cache[0]["k"].sharding.spec == serving.server(
+        CONFIG, strategy=name, mesh=mesh).spec("cache")
+    assert cache[0]["k"].sharding.device_set == set(mesh.devices.flat)
+
+
+def test_explicit_2d_mesh_and_already_sharded_params():
+    params, prompt, tokens, _ = fixture()
+    strategy = serving.STRATEGIES["fsdp_tp"]
+    mesh = mesh_of(8, strategy.axes, (4, 2), explicit=True)
+    placed = serving.server(CONFIG, strategy="fsdp_tp", mesh=mesh).place_params(params)
+    out = serving.generate(placed, prompt, config=CONFIG, steps=STEPS, strategy="fsdp_tp",
+                           mesh=mesh)
+    np.testing.assert_array_equal(np.asarray(out), tokens)
+
+
+def test_default_mesh_is_every_device():
+    params, prompt, tokens, _ = fixture()
+    out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, strategy="tp")
+    np.testing.assert_array_equal(np.asarray(out), tokens)
+    assert serving.server(CONFIG, strategy="tp").mesh.devices.size == len(DEVICES)
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+@pytest.mark.parametrize(("name", "spec"), [
+    ("dp", P("data", None, None, None)), ("fsdp", P("data", None, None, None)),
+    ("tp", P(None, "model", None, None)), ("fsdp_tp", P("data", "model", None, None))])
+def test_cache_layout(name, spec):
+    mesh = serving.STRATEGIES[name].mesh(DEVICES[:8])
+    cache = serving.init_cache(CONFIG, batch=BATCH, max_len=5, strategy=name, mesh=mesh)
+    assert len(cache) == CONFIG.n_layers
+    for layer in cache:
+        for array in (layer["k"], layer["v"]):
+            assert array.shape == (BATCH, CONFIG.n_heads, 5, CONFIG.head_dim)
+            assert array.sharding.spec == spec
+            assert not np.asarray(array).any()
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("name", ["tp", "dp", "fsdp_tp"])
+def test_cache_holds_one_nth_of_the_bytes_per_device(name, n):
+    mesh = serving.STRATEGIES[name].mesh(DEVICES[:n])
+    cache = serving.init_cache(CONFIG, batch=BATCH, max_len=6, strategy=name, mesh=mesh)
+    sizes = serving.cache_bytes(cache)
+    assert sizes["total"] == 2 * CONFIG.n_layers * BATCH * 6 * CONFIG.d_model * 4
+    assert sizes["per device"] * n == sizes["total"]
+
+
+def test_one_device_cache():
+    cache = serving.init_cache(CONFIG, batch=3, max_len=4)
+    assert serving.cache_bytes(cache) == {"total": 2 * 3 * 3 * 4 * 32 * 4,
+                                          "per device": 2 * 3 * 3 * 4 * 32 * 4}
+    assert cache[0]["k"].dtype == jnp.float32
+
+
+def test_cache_takes_the_config_dtype():
+    config = Config(vocab=16, d_model=16, n_heads=2, d_ff=16, n_layers=1, seq_len=8,
+                    dtype="bfloat16")
+    assert serving.init_cache(config, batch=1, max_len=8)[0]["v"].dtype == jnp.bfloat16
+
+
+def test_donated_cache_is_written_in_place():
+    """The step donates the cache: the compiled program aliases every cache byte of its
+    output to its input, its temporaries are smaller than the cache (no copy of it), and the
+    old buffers are gone after a step."""
+    params, prompt, _, _ = fixture()
+    rows = serving.donation_rows(CONFIG, batch=BATCH, max_len=CONFIG.seq_len)
+    donated, kept = rows
+    cache = 2 * CONFIG.n_layers * BATCH * CONFIG.seq_len * CONFIG.d_model * 4
+    assert donated["aliased"] == cache and kept["aliased"] == 0
+    assert donated["temporaries"] < cache
+    assert kept["outputs"] - donated["outputs"] == 0  # same outputs; only aliasing differs
+    srv = serving.server(CONFIG)
+    old = serving.init_cache(CONFIG, batch=BATCH, max_len=CONFIG.seq_len)
+    _, _, new = srv.feed(srv.place_params(params), jnp.asarray(prompt), 0, old)
+    assert old[0]["k"].is_deleted() and not new[0]["k"].is_deleted()
+
+
+def _big_copies(compiled, length: int) -> list[str]:
+    return [line for line in compiled.as_text().splitlines()
+            if ("transpose(" in line or " copy(" in line) and f",{length}," in line]
+
+
+def test_heads_first_cache_is_read_in_place():
+    """The module's layout claim: with the cache [batch, heads, max_len, head_dim] the
+    compiled decode step copies no cache-sized buffer; in the activations' order [batch,
+    max_len, heads, head_dim] XLA:CPU transposes it at every step."""
+    config = Config(vocab=16, d_model=64, n_heads=4, d_ff=64, n_layers=1, seq_len=512)
+    srv = serving.server(config)
+    params = jax.eval_shape(functools.partial(init_params, config=config), jax.random.key(0))
+    tok = jax.ShapeDtypeStruct((4, 1), jnp.int32)
+    start = jax.ShapeDtypeStruct((), jnp.int32)
+    compiled = hlo.compile(srv.step, params, tok, start, srv.cache_shapes(4, 512))
+    assert not _big_copies(compiled, 512)
+
+    def other_order(q, k, new_k, start):
+        k = jax.lax.dynamic_update_slice(k, new_k, (0, start, 0, 0))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), k), k
+
+    shape = jax.ShapeDtypeStruct
+    compiled = hlo.compile(jax.jit(other_order, donate_argnums=1), shape((4, 1, 4, 16),
+                           jnp.float32), shape((4, 512, 4, 16), jnp.float32),
+                           shape((4, 1, 4, 16), jnp.float32), start)
+    assert any("transpose(" in line for line in compiled.as_text().splitlines()
+               if "512" in line)
+
+
+def test_decode_step_collectives():
+    """tp: two all-reduces per block (after attention's and the MLP's output projection)
+    and the argmax over the split vocabulary; dp: none."""
+    assert serving.decode_collectives(CONFIG, strategy="dp", n_devices=4, batch=BATCH) == {}
+    tp = serving.decode_collectives(CONFIG, strategy="tp", n_devices=8, batch=BATCH)
+    assert tp == {"all-reduce": 2 * CONFIG.n_layers, "all-gather": 2}
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _bad(**kw):
+    params, prompt, _, _ = fixture()
+    args = {"config": CONFIG, "steps": 2} | kw
+    return serving.generate(args.pop("params", params), args.pop("prompt", prompt), **args)
+
+
+@pytest.mark.parametrize(("kw", "error", "words"), [
+    ({"prompt": np.zeros((2, 3), np.float32)}, checks.InputTypeError, "integer dtype"),
+    ({"prompt": np.zeros((3,), np.int32)}, checks.InputError, "2 dimension"),
+    ({"prompt": np.zeros((2, 0), np.int32)}, checks.InputError, "at least one token"),
+    ({"prompt": np.full((2, 3), 48, np.int32)}, checks.InputError, "[0, 48)"),
+    ({"prompt": np.full((2, 3), -1, np.int32)}, checks.InputError, "[0, 48)"),
+    ({"prompt": "hello"}, checks.InputTypeError, "array"),
+    ({"steps": 14}, checks.InputError, "config.seq_len=20"),
+    ({"steps": 0}, checks.InputError, "steps must be at least 1"),
+    ({"steps": 2.0}, checks.InputTypeError, "steps must be an integer"),
+    ({"strategy": "zero"}, checks.InputError, "unknown strategy"),
+    ({"strategy": "cp"}, checks.InputError, "single position"),
+    ({"strategy": "tp_sp"}, checks.InputError, "cannot serve"),
+    ({"mesh": "mesh"}, checks.InputError, "without a strategy"),
+    ({"strategy": "dp", "mesh": "mesh"}, checks.InputTypeError, "jax.sharding.Mesh"),
+    ({"config": {"vocab": 48}}, checks.InputTypeError, "Config"),
+])
+def test_bad_input_is_refused(kw, error, words):
+    with pytest.raises(error, match=None) as info:
+        _bad(**kw)
+    assert words in str(info.value)
+
+
+def test_mesh_that_cannot_split_the_batch_or_the_heads():
+    params, prompt, _, _ = fixture()
+    with pytest.raises(checks.InputError, match="does not split into 8"):
+        serving.generate(params, prompt[:6], config=CONFIG, steps=2, strategy="dp",
+                         mesh=mesh_of(8, ("data",)))
+    few_heads = Config(vocab=48, d_model=32, n_heads=2, d_ff=64, n_layers=1, seq_len=20)
+    with pytest.raises(checks.InputError, match="n_heads is 2"):
+        serving.init_cache(few_heads, batch=8, max_len=4, strategy="tp",
+                           mesh=mesh_of(4, ("model",)))
+    with pytest.raises(checks.InputError, match="mesh axis='data' is not an axis"):
+        serving.generate(params, prompt, config=CONFIG, steps=2, strategy="dp",
+                         mesh=mesh_of(2, ("x",)))
+
+
+def test_cache_longer_than_the_positions_or_fed_past_its_end():
+    with pytest.raises(checks.InputError, match="max_len must be at most 20"):
+        serving.init_cache(CONFIG, batch=1, max_len=21)
+    with pytest.raises(checks.InputError, match="batch must be at least 1"):
+        serving.init_cache(CONFIG, batch=0, max_len=4)
+    params, prompt, _, _ = fixture()
+    srv = serving.server(CONFIG)
+    cache = serving.init_cache(CONFIG, batch=BATCH, max_len=PROMPT_LEN)
+    placed = srv.place_params(params)
+    token, _, cache = srv.feed(placed, jnp.asarray(prompt), 0, cache)
+    with pytest.raises(checks.InputError, match="do not fit a cache of max_len=7"):
+        srv.feed(placed, token[:, None], PROMPT_LEN, cache)
+
+
+# --------------------------------------------------------------------------- exercises
+
+
+def test_exercise_answers_kv_cache():
+    # 1. Positions processed for 10 tokens after a 6-token prompt.
+    assert sum(range(6, 16)) == 105 and 6 + 9 == 15
+    # 2. GPT-2-medium's shape, 1024 positions, bfloat16: the cache's bytes, from its shapes.
+    config = Config(vocab=16, d_model=1024, n_heads=16, d_ff=16, n_layers=24, seq_len=1024,
+                    dtype="bfloat16")
+    shapes = serving.server(config).cache_shapes(1, 1024)
+    total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+    assert total == 100_663_296 == 96 * 2**20
+    # 3. Causality: garbage in the later slots does not change the logits before them.
+    params, prompt, _, _ = fixture()
+    tokens = jnp.zeros((BATCH, CONFIG.seq_len), jnp.int32).at[:, :PROMPT_LEN].set(prompt)
+    noisy = tokens.at[:, PROMPT_LEN:].set(CONFIG.vocab - 1)
+    forward = serving._full_forward()
+    np.testing.assert_array_equal(np.asarray(forward(params, tokens)[:, :PROMPT_LEN]),
+                                  np.asarray(forward(params, noisy)[:, :PROMPT_LEN]))
+
+
+def test_exercise_answers_sharded_serving():
+    params, prompt, _, _ = fixture()
+    # 1. dp refuses a batch that does not split; tp serves a single sequence.
+    with pytest.raises(checks.InputError, match="does not split"):
+        serving.generate(params, prompt[:6], config=CONFIG, steps=1, strategy="dp",
+                         mesh=serving.STRATEGIES["dp"].mesh(DEVICES[:8]))
+    one = serving.generate(params, prompt[:1], config=CONFIG, steps=2, strategy="tp",
+                           mesh=serving.STRATEGIES["tp"].mesh(DEVICES[:8]))
+    assert one.shape == (1, PROMPT_LEN + 2)
+    # 2. tp sends 16 (n-1)/n B d_model bytes per block per decode step for its all-reduces.
+    n = 8
+    compiled = serving.compiled_step(CONFIG, batch=BATCH, length=1, max_len=CONFIG.seq_len,
+                                     strategy="tp",
+                                     mesh=serving.STRATEGIES["tp"].mesh(DEVICES[:n]))
+    reduces = [op for op in hlo.collectives_in_text(compiled.as_text())
+               if op.kind == "all-reduce"]
+    assert sum(op.bytes_sent for op in reduces) == CONFIG.n_layers * 16 * (n - 1) * BATCH \
+        * CONFIG.d_model // n
