@@ -348,6 +348,29 @@ def test_committed_and_uncommitted(devices):
 # --------------------------------------------------------------------------- timing
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["Auto", "Explicit"])
+def test_functions_that_take_a_mesh_work_on_both_axis_types(explicit):
+    """place, matmul_partitioning and single_vs_sharded on a mesh of each axis type: the same
+    layouts, collectives and values. matmul_partitioning asks what the compiler picks, so an
+    Explicit mesh runs with its axes switched to Auto (same devices)."""
+    mesh = mesh_of(8, ("a", "b"), (4, 2), explicit=explicit)
+    placed = partitioning.place(np.arange(64.0).reshape(8, 8), mesh, P("a", "b"))
+    assert placed.sharding.spec == P("a", "b") and placed.sharding.mesh.axis_types == (
+        mesh.axis_types)
+    np.testing.assert_array_equal(np.asarray(placed), np.arange(64.0).reshape(8, 8))
+    auto = mesh_of(8, ("a", "b"), (4, 2))
+    for name in partitioning.MATMUL_CASES:
+        run, reference = (partitioning.matmul_partitioning(name, m) for m in (mesh, auto))
+        assert (run.output_spec, run.collectives_text, run.bytes_sent) == (
+            reference.output_spec, reference.collectives_text, reference.bytes_sent), name
+        assert [d.id for d in run.output_sharding.mesh.devices.flat] == [
+            d.id for d in mesh.devices.flat]
+    single, spread = partitioning.single_vs_sharded(
+        partitioning.matmul, [np.ones((16, 16)), np.ones((16, 16))], mesh,
+        [P("a", None), P()], runs=1)
+    assert "8 devices" in spread.label and "1 device" in single.label
+
+
 def test_single_vs_sharded_reports_both_device_counts():
     mesh = partitioning.auto_mesh((8,), ("x",))
     single, sharded = partitioning.single_vs_sharded(partitioning.elementwise, [jnp.ones(64)], mesh, [P("x")],

@@ -293,6 +293,16 @@ def test_spec_text_has_no_trailing_comma_and_captions_use_it():
         show.spec_text("b")
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["Auto", "Explicit"])
+def test_gallery_entry_works_on_both_axis_types(explicit):
+    mesh = mesh_of(8, ("data", "model"), (4, 2), explicit=explicit)
+    values = np.arange(32).reshape(8, 4)
+    entry = show.gallery_entry(values, mesh, P("data", "model"))
+    assert entry.ok and [b.devices for b in entry.blocks] == [(d,) for d in range(8)]
+    bad = show.gallery_entry(values, mesh, P(None, ("data", "model")))
+    assert not bad.ok and bad.grid is None and "4" in bad.error and "8" in bad.error
+
+
 def test_gallery_entry_lets_other_errors_through():
     mesh = jax.make_mesh((8,), ("x",), devices=DEVICES)
     with pytest.raises(TypeError):

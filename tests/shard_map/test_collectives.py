@@ -76,6 +76,34 @@ def test_functions_work_on_explicit_meshes_too():
     np.testing.assert_allclose(result[1], [0, 1])
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["Auto", "Explicit"])
+def test_every_function_that_takes_a_mesh_works_on_both_axis_types(explicit):
+    """Each public function with a mesh argument, on one axis of a 2-axis mesh of each type,
+    against the same call on an Auto mesh of the axis alone (or numpy)."""
+    mesh = mesh_of(8, ("x", "y"), (4, 2), explicit=explicit)
+    x = np.arange(16, dtype=np.float32)
+    np.testing.assert_allclose(collectives.block_sums(x, mesh), x.reshape(4, 4).sum(1))
+    np.testing.assert_allclose(collectives.global_sum(x, mesh), [x.sum()])
+    assert collectives.traced_types(collectives.psum_kernel, x, mesh) == (
+        collectives.traced_types(collectives.psum_kernel, x, mesh_of(4)))
+    square = np.arange(64, dtype=np.float32).reshape(8, 8)
+    moved = collectives.rows_to_columns(square, mesh)
+    np.testing.assert_array_equal(moved, square)
+    assert moved.sharding.spec == P(None, "x")
+    per_device = collectives.per_device_function(collectives.psum_kernel, mesh)
+    expected = np.stack([x.reshape(4, 4).sum(0)] * 4)
+    np.testing.assert_allclose(per_device(x), expected)  # numpy input, placed by the function
+    np.testing.assert_allclose(jax.jit(per_device)(jnp.asarray(x)), expected)
+    np.testing.assert_allclose(
+        collectives.per_device_result(collectives.psum_kernel, x, mesh), expected)
+    for name in collectives.EXAMPLES:
+        example_input, result = collectives.run_example(name, mesh)
+        np.testing.assert_allclose(result, reference(name, example_input, 4), rtol=1e-6)
+    assert len(collectives.example_panels("psum", mesh)) == 2
+    assert collectives.draw_collective("psum", mesh) is not None
+    assert collectives.hlo_rows(mesh) == collectives.hlo_rows(mesh_of(4))
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_rows_to_columns_keeps_values_and_changes_layout(n):
     x = np.arange(4 * n * n, dtype=np.float32).reshape(2 * n, 2 * n)

@@ -20,6 +20,22 @@ def test_compiled_bytes_meet_the_ring_bound(name):
     assert sent == ring_costs.ring_bound_bytes(name, m, k, n, 4, 4)
 
 
+@pytest.mark.parametrize("explicit", [False, True], ids=["Auto", "Explicit"])
+def test_compile_variant_works_on_both_axis_types(explicit):
+    """The variant places its inputs itself, so an Explicit mesh (one axis of two) gives the
+    same product and the same collectives as an Auto one."""
+    m, k, n = 16, 32, 8
+    rng = np.random.default_rng(3)
+    lhs = rng.standard_normal((m, k), dtype=np.float32)
+    rhs = rng.standard_normal((k, n), dtype=np.float32)
+    mesh = mesh_of(8, ("x", "y"), (4, 2), explicit=explicit)
+    for name in ("allgather_overlapped", "reduce_scatter"):
+        compiled = ring_costs.compile_variant(name, lhs, rhs, mesh, "x")
+        np.testing.assert_allclose(np.asarray(compiled()), lhs @ rhs, rtol=1e-5, atol=1e-5)
+        sent = sum(op.bytes_sent for op in hlo.collectives(compiled.program))
+        assert sent == ring_costs.ring_bound_bytes(name, m, k, n, 4, 4)
+
+
 def test_schedule_visits_every_block_once():
     for name in ("allgather_overlapped", "reduce_scatter_bidi"):
         steps = ring_costs.ring_schedule(name, 4)

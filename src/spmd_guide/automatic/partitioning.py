@@ -232,10 +232,18 @@ MATMUL_CASES: dict[str, MatmulCase] = {
 
 def matmul_partitioning(name: str, mesh: Mesh, *, m: int = 16, k: int = 32,
                         n: int = 16) -> Partitioning:
-    """Place an ``(m, k) @ (k, n)`` product as :data:`MATMUL_CASES` ``[name]`` says; compile it."""
+    """Place an ``(m, k) @ (k, n)`` product as :data:`MATMUL_CASES` ``[name]`` says; compile it.
+
+    The cases ask what the *compiler* chooses, so they run on Auto axes: an Explicit
+    ``mesh`` is used with its axes switched to Auto (same devices, same order). On Explicit
+    axes the sharded contraction would be a type error that asks for ``out_sharding``
+    (Part II's explicit-sharding chapter shows it).
+    """
     checks.one_of("matmul case", name, MATMUL_CASES)
     checks.axis(mesh, "a", name="the mesh's first axis")
     checks.axis(mesh, "b", name="the mesh's second axis")
+    mesh = Mesh(mesh.devices, mesh.axis_names,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(mesh.axis_names))
     m, k, n = (checks.count(label, v) for label, v in (("m", m), ("k", k), ("n", n)))
     case = MATMUL_CASES[name]
     lhs = place(jnp.arange(m * k, dtype=jnp.float32).reshape(m, k) / (m * k), mesh, case.lhs)

@@ -347,7 +347,9 @@ def per_device_function(kernel: Kernel, mesh: Mesh, *,
 
     Each device's result gets a new leading axis of size 1, and
     ``out_specs=P(axis_name)`` stacks them: nothing is lost even when
-    the devices hold different values.
+    the devices hold different values. The input is first put in the layout
+    ``in_specs`` names (a no-op when it is already there): on Explicit axes
+    ``shard_map`` refuses an input laid out otherwise.
 
     A bare ``AssertionError`` while tracing the kernel (what JAX raises inside ``shard_map``
     for a collective naming an axis the mesh lacks) becomes an error that says so.
@@ -367,8 +369,14 @@ def per_device_function(kernel: Kernel, mesh: Mesh, *,
                 f"({axis_name!r}) instead of a fixed name.") from error
         return jnp.expand_dims(result, 0)
 
-    return jax.shard_map(one_device, mesh=mesh,
-                         in_specs=P(axis_name), out_specs=P(axis_name))
+    mapped = jax.shard_map(one_device, mesh=mesh,
+                           in_specs=P(axis_name), out_specs=P(axis_name))
+    rows = NamedSharding(mesh, P(axis_name))
+
+    def placed_then_mapped(x: Any) -> jax.Array:
+        return mapped(jax.device_put(_array("x", x), rows))
+
+    return placed_then_mapped
 
 
 def per_device_result(kernel: Kernel, x: Any, mesh: Mesh, *, axis_name: str = "x"
