@@ -45,7 +45,91 @@ def test_settings_text_reads_lists_and_big_numbers(tmp_path):
                         settings={"layers": [256, 2048, 256], "batch": 1024, "parameters": 9443584,
                                   "dtype": "float32"})
     assert results.load(path).settings_text() == (
-        "layers 256 x 2,048 x 256, batch 1,024, parameters 9,443,584, dtype float32")
+        "layers 256, 2,048 and 256, batch 1,024, parameters 9,443,584, dtype float32")
+    sizes = results.save(tmp_path / "m.json", benchmark="b", command=[], rows=ROWS,
+                         settings={"sizes": [256, 512, 1024]})
+    # three square sizes, one after another: not a 256 x 512 x 1,024 shape
+    assert results.load(sizes).settings_text() == "sizes 256, 512 and 1,024"
+
+
+def test_numpy_values_and_a_command_string_are_stored_as_they_read(tmp_path):
+    """#27: command='run.py' was stored as 'python r u n . p y' and np.int64 settings were
+    refused by json; both now read back as given."""
+    import numpy as np
+
+    path = results.save(tmp_path / "n.json", benchmark="b",
+                        command="benchmarks/run.py --runs 3 --json n.json",
+                        settings={"runs": np.int64(3), "sizes": np.array([2, 4]),
+                                  "rate": np.float32(0.5), "flag": np.bool_(True)},
+                        rows=[{"n": np.int32(8), "ms": np.float64(1.25)}])
+    back = results.load(path)
+    assert back.command == "python benchmarks/run.py --runs 3"
+    assert back.script == "benchmarks/run.py"
+    assert back.settings == {"runs": 3, "sizes": [2, 4], "rate": 0.5, "flag": True}
+    assert back.rows == [{"n": 8, "ms": 1.25}]
+    assert type(back.settings["runs"]) is int
+    assert results.load(str(path)) == back
+    assert back.table("n").rows == [{"n": 8}]  # one column name, whole
+
+
+BAD_INPUT = [
+    ("path not .json", lambda p: results.save(p / "x.txt", benchmark="b", command=[],
+                                             settings={}, rows=ROWS), InputError, ".json"),
+    ("path a number", lambda p: results.save(3, benchmark="b", command=[], settings={},
+                                            rows=ROWS), InputTypeError, "path"),
+    ("benchmark empty", lambda p: results.save(p / "x.json", benchmark=" ", command=[],
+                                              settings={}, rows=ROWS), InputTypeError,
+     "benchmark"),
+    ("benchmark a number", lambda p: results.save(p / "x.json", benchmark=7, command=[],
+                                                 settings={}, rows=ROWS), InputTypeError,
+     "benchmark"),
+    ("command of numbers", lambda p: results.save(p / "x.json", benchmark="b", command=[1, 2],
+                                                 settings={}, rows=ROWS), InputTypeError,
+     "command"),
+    ("command None", lambda p: results.save(p / "x.json", benchmark="b", command=None,
+                                           settings={}, rows=ROWS), InputTypeError, "command"),
+    ("settings a list", lambda p: results.save(p / "x.json", benchmark="b", command=[],
+                                              settings=[("runs", 3)], rows=ROWS),
+     InputTypeError, "settings"),
+    ("settings key a number", lambda p: results.save(p / "x.json", benchmark="b", command=[],
+                                                    settings={3: "x"}, rows=ROWS),
+     InputTypeError, "keys of settings"),
+    ("settings value an object", lambda p: results.save(
+        p / "x.json", benchmark="b", command=[], settings={"f": object()}, rows=ROWS),
+     InputTypeError, r"settings\['f'\]"),
+    ("rows a dict", lambda p: results.save(p / "x.json", benchmark="b", command=[],
+                                          settings={}, rows=ROWS[0]), InputTypeError,
+     "non-empty list"),
+    ("rows a string", lambda p: results.save(p / "x.json", benchmark="b", command=[],
+                                            settings={}, rows="ab"), InputTypeError,
+     "non-empty list"),
+    ("rows of unequal columns", lambda p: results.save(
+        p / "x.json", benchmark="b", command=[], settings={},
+        rows=[{"a": 1}, {"b": 2}]), InputError, "same columns"),
+    ("row value a set", lambda p: results.save(p / "x.json", benchmark="b", command=[],
+                                              settings={}, rows=[{"a": {1}}]),
+     InputTypeError, r"rows\[0\]\['a'\]"),
+    ("load a number", lambda p: results.load(3), InputTypeError, "path"),
+    ("load_all a list", lambda p: results.load_all([p]), InputTypeError, "folder"),
+    ("load_all script a number", lambda p: results.load_all(p, script=3), InputTypeError,
+     "script"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(tmp_path, call, error, word):
+    with pytest.raises(error, match=word):
+        call(tmp_path)
+    assert not list(tmp_path.glob("*"))  # nothing half-written
+
+
+def test_table_columns_must_be_names(tmp_path):
+    path = results.save(tmp_path / "t.json", benchmark="b", command=[], settings={}, rows=ROWS)
+    with pytest.raises(InputTypeError, match="list of column names"):
+        results.load(path).table(3)
+    with pytest.raises(InputTypeError, match="list of column names"):
+        results.load(path).table([])
 
 
 def test_bad_files_get_clear_errors(tmp_path):

@@ -11,14 +11,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import pathlib
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from spmd_guide.core import checks
 from spmd_guide.core.devices import Environment, environment_summary
-from spmd_guide.core.display import Table
+from spmd_guide.core.display import Table, listed
 
 FIELDS = ("benchmark", "command", "date", "environment", "settings", "rows")
 
@@ -40,21 +44,29 @@ class Results:
         words = self.command.split()
         return words[1] if len(words) > 1 else ""
 
-    def table(self, columns: Sequence[str] | None = None) -> Table:
-        """The rows as a :class:`~spmd_guide.core.display.Table`, optionally only ``columns``."""
+    def table(self, columns: Sequence[str] | str | None = None) -> Table:
+        """The rows as a :class:`~spmd_guide.core.display.Table`, optionally only ``columns``
+        (a list of column names, or one name)."""
         if columns is None:
             return Table(self.rows)
+        if isinstance(columns, str):
+            columns = [columns]
+        if not isinstance(columns, Sequence) or not columns:
+            raise checks.InputTypeError(
+                f"columns must be a list of column names such as ['strategy'], got "
+                f"{columns!r:.60}.")
         for column in columns:
             checks.one_of("column", column, list(self.rows[0]))
         return Table([{c: row[c] for c in columns} for row in self.rows])
 
     def settings_text(self) -> str:
-        """The run's settings in words: ``"batch 1024, runs 5"`` (integers with separators)."""
+        """The run's settings in words: ``"batch 1,024, sizes 256, 512 and 1,024"`` (integers
+        with separators, a list as a list: it may hold sizes tried one after another)."""
         def shown(value: Any) -> str:
             if isinstance(value, int) and not isinstance(value, bool):
                 return f"{value:,}"
-            if isinstance(value, list):
-                return " x ".join(shown(v) for v in value)
+            if isinstance(value, list) and value:
+                return listed([shown(v) for v in value])
             return str(value)
 
         return ", ".join(f"{key} {shown(value)}" for key, value in self.settings.items())
@@ -66,21 +78,81 @@ class Results:
                 f"run on {self.date[:10]}.")
 
 
-def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str],
+def _path(name: str, value: Any) -> pathlib.Path:
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise checks.InputTypeError(
+            f"{name} must be a file system path (a string or pathlib.Path), got {value!r:.60}.")
+    return pathlib.Path(value)
+
+
+def _plain(name: str, value: Any) -> Any:
+    """``value`` as JSON can hold it: NumPy and JAX scalars and arrays become Python numbers
+    and lists; anything JSON cannot hold is refused, naming where it sits."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {_key(name, k): _plain(f"{name}[{k!r}]", v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    if hasattr(value, "__array__") and not isinstance(value, type):
+        array = np.asarray(value)
+        if array.dtype.kind in "biuf":
+            return array.tolist()
+    raise checks.InputTypeError(
+        f"{name} is {value!r:.60} ({type(value).__name__}), which a JSON results file cannot "
+        "hold: use numbers, strings, booleans, None, lists or dicts of them.")
+
+
+def _key(name: str, key: Any) -> str:
+    if not isinstance(key, str):
+        raise checks.InputTypeError(
+            f"the keys of {name} must be strings (column or setting names), got {key!r:.60}.")
+    return key
+
+
+def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str] | str,
          settings: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> pathlib.Path:
-    """Write ``rows`` and their provenance as JSON to ``path``; returns the path."""
-    if not isinstance(benchmark, str) or not benchmark:
+    """Write ``rows`` and their provenance as JSON to ``path`` (a ``.json`` file, which
+    :func:`load_all` finds); returns the path.
+
+    ``command`` is how the run was started: the words of ``sys.argv``, or one command line
+    as a string (``"benchmarks/strategies.py --runs 3"``); ``--json PATH`` is left out.
+    NumPy scalars and arrays in ``settings`` and ``rows`` are stored as numbers and lists.
+    Every row must have the same columns.
+    """
+    path = _path("path", path)
+    if path.suffix != ".json":
+        raise checks.InputError(
+            f"path must name a .json file (load_all reads *.json), got {str(path)!r}.")
+    if not isinstance(benchmark, str) or not benchmark.strip():
         raise checks.InputTypeError(f"benchmark must be a non-empty name, got {benchmark!r}.")
-    if not rows or not all(isinstance(r, Mapping) for r in rows):
+    if isinstance(command, str):
+        command = shlex.split(command)
+    if not isinstance(command, Sequence) or not all(isinstance(w, str) for w in command):
+        raise checks.InputTypeError(
+            f"command must be the run's command line, as a string or a list of strings such "
+            f"as sys.argv, got {command!r:.60}.")
+    if not isinstance(settings, Mapping):
+        raise checks.InputTypeError(
+            f"settings must be a dict of setting name: value, got {settings!r:.60}.")
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence) or not rows \
+            or not all(isinstance(r, Mapping) for r in rows):
         raise checks.InputTypeError("rows must be a non-empty list of dicts, one per row.")
-    path = pathlib.Path(path)
+    columns = list(rows[0])
+    for i, row in enumerate(rows):
+        if list(row) != columns:
+            raise checks.InputError(
+                f"rows[{i}] has columns {list(row)}, but rows[0] has {columns}: every row of a "
+                "table needs the same columns, in the same order.")
     record = {
         "benchmark": benchmark,
         "command": " ".join(["python", *_without_json(command)]),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "environment": dataclasses.asdict(environment_summary()),
-        "settings": dict(settings),
-        "rows": [dict(r) for r in rows],
+        "settings": _plain("settings", settings),
+        "rows": [_plain(f"rows[{i}]", r) for i, r in enumerate(rows)],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
@@ -103,7 +175,7 @@ def _without_json(command: Sequence[str]) -> list[str]:
 
 def load(path: str | pathlib.Path) -> Results:
     """Read a file :func:`save` wrote; a clear error if it is missing or not such a file."""
-    path = pathlib.Path(path)
+    path = _path("path", path)
     if not path.is_file():
         raise checks.InputError(
             f"no benchmark results at {path}: run the benchmark with --json {path} first.")
@@ -128,7 +200,11 @@ def load(path: str | pathlib.Path) -> Results:
 def load_all(folder: str | pathlib.Path, *, script: str | None = None) -> list[Results]:
     """Every run saved in ``folder`` (``*.json``, by file name), or only those ``script``
     made; a clear error if there is none, so a page never shows an empty section."""
-    folder = pathlib.Path(folder)
+    folder = _path("folder", folder)
+    if script is not None and (not isinstance(script, str) or not script):
+        raise checks.InputTypeError(
+            f"script must be the script's path as saved, such as 'benchmarks/strategies.py', "
+            f"or None, got {script!r:.60}.")
     runs = [load(path) for path in sorted(folder.glob("*.json"))]
     if script is not None:
         runs = [run for run in runs if run.script == script]
