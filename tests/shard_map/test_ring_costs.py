@@ -46,11 +46,73 @@ def test_schedule_visits_every_block_once():
         assert all(blocks == set(range(4)) for blocks in held.values())
 
 
-def test_bad_input():
-    with pytest.raises(checks.InputError):
-        ring_costs.ring_bound_bytes("allgather", -1, 4, 4, 4, 8)
-    with pytest.raises(checks.InputError):
-        ring_costs.ring_schedule("nope", 4)
+def test_numpy_integers_and_names_work_like_python_ones():
+    assert ring_costs.ring_bound_bytes("allgather", np.int64(8), np.int32(8), 8, np.int64(4),
+                                       np.int64(4)) == ring_costs.ring_bound_bytes(
+        "allgather", 8, 8, 8, 4, 4) == 3 * 64 * 4 // 4
+    assert len(ring_costs.ring_schedule(np.str_("allgather_bidi"), np.int64(4))) == 4
+    assert ring_costs.bytes_by_direction((), np.int64(4)) == {
+        "forward": 0, "backward": 0, "other": 0}
+    assert ring_costs.amounts_in_words({"a": np.int64(3)}) == "`a` needs 3 bytes"
+    compiled = ring_costs.compile_variant("allgather", np.ones((8, 8)), np.ones((8, 8)),
+                                          mesh_of(4), np.str_("x"))
+    np.testing.assert_allclose(np.asarray(compiled()), np.full((8, 8), 8.0))
+
+
+BAD_INPUT = [
+    ("negative m", lambda: ring_costs.ring_bound_bytes("allgather", -1, 4, 4, 4, 8),
+     checks.InputError, "at least 1"),
+    ("bool m", lambda: ring_costs.ring_bound_bytes("allgather", True, 4, 4, 4, 8),
+     checks.InputTypeError, "integer"),
+    ("float itemsize", lambda: ring_costs.ring_bound_bytes("allgather", 4, 4, 4, 2.5, 8),
+     checks.InputTypeError, "integer"),
+    ("unknown variant", lambda: ring_costs.ring_schedule("nope", 4), checks.InputError,
+     "unknown collective matmul"),
+    ("variant not a name", lambda: ring_costs.ring_bound_bytes(3, 4, 4, 4, 4, 4),
+     checks.InputError, "unknown collective matmul"),
+    ("ring of 0", lambda: ring_costs.ring_schedule("allgather_bidi", 0), checks.InputError,
+     "at least 1"),
+    ("ring a string", lambda: ring_costs.bytes_by_direction([], "4"), checks.InputTypeError,
+     "integer"),
+    ("ops a string", lambda: ring_costs.collective_rows("all-gather"), checks.InputTypeError,
+     "list of collectives"),
+    ("ops of dicts", lambda: ring_costs.bytes_by_direction([{"kind": "all-gather"}], 4),
+     checks.InputTypeError, "list of collectives"),
+    ("words empty", lambda: ring_costs.amounts_in_words({}), checks.InputTypeError,
+     "non-empty dict"),
+    ("words negative", lambda: ring_costs.amounts_in_words({"a": -1}), checks.InputError,
+     "at least 0"),
+    ("words key a number", lambda: ring_costs.amounts_in_words({1: 2}), checks.InputTypeError,
+     "names in named"),
+    ("words unit a number", lambda: ring_costs.amounts_in_words({"a": 1}, unit=5),
+     checks.InputTypeError, "unit"),
+    ("draw_ring unknown option", lambda: ring_costs.draw_ring("allgather", 4, colour="red"),
+     checks.InputTypeError, "no option 'colour'"),
+    ("draw_ring arrows", lambda: ring_costs.draw_ring("allgather", 4, arrows=[]),
+     checks.InputTypeError, "no option 'arrows'"),
+    ("compile without a mesh", lambda: ring_costs.compile_variant(
+        "allgather", np.ones((8, 8)), np.ones((8, 8)), None, "x"), checks.InputTypeError,
+     "Mesh"),
+    ("compile on a missing axis", lambda: ring_costs.compile_variant(
+        "allgather", np.ones((8, 8)), np.ones((8, 8)), mesh_of(4), "y"), checks.InputError,
+     "not an axis"),
+    ("compile uneven rows", lambda: ring_costs.compile_variant(
+        "allgather", np.ones((6, 8)), np.ones((8, 8)), mesh_of(4), "x"), checks.InputError,
+     "divisible"),
+    ("compile a string operand", lambda: ring_costs.compile_variant(
+        "allgather", "lhs", np.ones((8, 8)), mesh_of(4), "x"), checks.InputTypeError, "array"),
+    ("memory_row of text", lambda: ring_costs.memory_row("allgather"), checks.InputTypeError,
+     "compile_variant"),
+    ("summed_at_end of None", lambda: ring_costs.summed_at_end(None), checks.InputTypeError,
+     "compile_variant"),
+]
+
+
+@pytest.mark.parametrize("call, error, word", [row[1:] for row in BAD_INPUT],
+                         ids=[row[0] for row in BAD_INPUT])
+def test_bad_input_gets_the_packages_clear_error(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
 
 
 @pytest.mark.parametrize("family", ["allgather", "reduce_scatter"])

@@ -210,6 +210,12 @@ def amounts_in_words(named: Mapping[str, int], *, unit: str = "bytes") -> str:
     if isinstance(named, (str, bytes)) or not isinstance(named, Mapping) or not named:
         raise checks.InputTypeError(
             f"named must be a non-empty dict of name: amount, got {named!r:.60}.")
+    if not all(isinstance(name, str) and name for name in named):
+        raise checks.InputTypeError(
+            f"the names in named must be non-empty strings (they are written as code), got "
+            f"{list(named)!r:.60}.")
+    if not isinstance(unit, str) or not unit:
+        raise checks.InputTypeError(f"unit must be a word such as 'bytes', got {unit!r:.60}.")
     amounts = {name: checks.count(f"named[{name!r}]", value, minimum=0)
                for name, value in named.items()}
     values = list(amounts.values())
@@ -315,8 +321,16 @@ def draw_ring(name: str, ring: int, **options: Any) -> Any:
     coloured as the device the block starts on (all-gather family) or ends
     on (reduce-scatter family). Arrows are the sends between steps.
     """
+    import inspect
+
     from spmd_guide.core.drawing import Panel, draw_panels
 
+    allowed = set(inspect.signature(draw_panels).parameters) - {"panels", "arrows", "gap_labels"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise checks.InputTypeError(
+            f"draw_ring has no option {', '.join(map(repr, unknown))}; its options are "
+            f"{', '.join(sorted(allowed))} (the arrows and gap labels come from the schedule).")
     steps = ring_schedule(name, ring)
     gather = name.startswith("allgather")
     if name == "reduce_scatter":
