@@ -191,6 +191,21 @@ def test_data_parallel_step_over_two_processes_equals_one_process(tmp_path):
     assert_nothing_left(results)
 
 
+@pytest.mark.slow
+def test_the_naive_loader_runs_across_processes_when_every_process_has_the_batch(tmp_path):
+    """sharded_data.md (P6-W2): passing the whole host batch, uncommitted, from every process
+    works; it is wasteful (each process loads every example), not impossible."""
+    problem = multihost_examples.save_problem(tmp_path / "problem.npz")
+    results = launch(multihost_examples.data_parallel_step, num_processes=2, devices_per_process=4,
+                     kwargs={"problem": problem, "loader": "naive"}, timeout=120)
+    reference = multihost_examples.single_process_step(problem=problem)
+    for result in results:
+        assert result.value["ids"] == reference["ids"]  # each process loaded the whole batch
+        np.testing.assert_allclose(result.value["steps"]["dp"]["loss"], reference["loss"],
+                                   rtol=1e-5)
+    assert_nothing_left(results)
+
+
 # ------------------------------------------------------------------ failures
 
 

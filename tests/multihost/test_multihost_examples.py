@@ -41,6 +41,8 @@ BAD_INPUT = [
     ("frozen beyond the processes", lambda p: multihost_examples.freeze(frozen=1), InputError,
      "frozen"),
     ("freeze how", lambda p: multihost_examples.freeze(frozen=0, how="sleep"), InputError, "how"),
+    ("unknown loader", lambda p: multihost_examples.data_parallel_step(problem=p, loader="fast"),
+     InputError, "loader"),
     ("rows_per_device -1", lambda p: multihost_examples.describe_process(rows_per_device=-1),
      InputError, "rows_per_device"),
     ("raise_on '0'", lambda p: multihost_examples.misbehave(raise_on="0"), InputTypeError, "raise_on"),

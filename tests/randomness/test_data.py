@@ -189,6 +189,21 @@ def test_process_local_path_equals_global_path_on_one_process():
         data.process_local_batches(dataset, 12, sharding, seed=0)
 
 
+def test_each_process_shuffles_its_local_examples_with_its_own_permutation(monkeypatch):
+    """P6-N2: with one permutation for all, local example i of every process would share a
+    batch every epoch. Process 0 keeps sharded_batches's order; process 1 draws another."""
+    assert np.array_equal(data.epoch_order(40, seed=5, process=0), data.epoch_order(40, seed=5))
+    orders = [data.epoch_order(40, seed=5, epoch=e, process=p) for p in (0, 1) for e in (0, 1)]
+    assert all(np.array_equal(np.sort(o), np.arange(40)) for o in orders)
+    assert len({tuple(o) for o in orders}) == 4
+    dataset, sharding = _dataset(40), _sharding()
+    first = np.asarray(next(data.process_local_batches(dataset, 16, sharding, seed=5))[1])
+    monkeypatch.setattr(jax, "process_index", lambda *_: 1)  # as if this were process 1
+    other = np.asarray(next(data.process_local_batches(dataset, 16, sharding, seed=5))[1])
+    assert not np.array_equal(first, other)
+    assert np.array_equal(other, data.epoch_order(40, seed=5, process=1)[:16])
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     n=st.integers(1, 64),

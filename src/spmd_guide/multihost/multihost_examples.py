@@ -237,24 +237,33 @@ def load_problem(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], P
 
 def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
                        batch_size: int = 32,
-                       seed: int = 0) -> dict[str, Any]:
+                       seed: int = 0, loader: str = "sharded") -> dict[str, Any]:
     """Loss and gradients of the MLP on one batch of ``problem``, everywhere.
 
-    The batch is the first of an epoch of the Part VI loader, laid out as
-    each strategy wants it; each process loads only its devices' rows.
+    The batch is the first of an epoch of the Part VI loader. ``loader="sharded"``: laid
+    out as each strategy wants it, each process loading only its devices' rows.
+    ``loader="naive"``: every process takes the whole batch and passes it to the step as
+    ``jax.device_put(batch)`` does (uncommitted, on its default device), the naive loader
+    of Part VI; it runs as long as every process passes the same batch.
     Returns the ids of the examples this process loaded and, per strategy,
     the loss and the gradients (whole, as nested lists).
     """
     strategies = _strategy_names(strategies)
+    loader = checks.one_of("loader", loader, ("sharded", "naive"))
     dataset, initial_params = load_problem(problem)  # the same file for all
     me = jax.process_index()
     steps, ids_here = {}, None
     for name in strategies:
         strategy = STRATEGIES[name]
         mesh = strategy.mesh(jax.devices())
-        batches = sharded_batches(dataset, batch_size,
-                                  _loader_sharding(strategy, mesh), seed=seed)
-        batch = next(batches)
+        if loader == "naive":
+            whole = next(sharded_batches(dataset, batch_size,
+                                         SingleDeviceSharding(jax.local_devices()[0]),
+                                         seed=seed))
+            batch = jax.device_put({k: np.asarray(v) for k, v in whole.items()})
+        else:
+            batch = next(sharded_batches(dataset, batch_size,
+                                         _loader_sharding(strategy, mesh), seed=seed))
         if ids_here is None:
             ids_here = sorted({int(i)  # a set: replicas hold rows twice
                                for shard in batch["id"].addressable_shards

@@ -20,6 +20,8 @@ Two entry points, one policy:
 **Order.** One call is one epoch. Its order is a permutation of the examples
 drawn from ``(seed, epoch)`` alone: the same seed and epoch give the same
 batches on every run and every process; another ``epoch`` reshuffles.
+(:func:`process_local_batches` folds in the process index too: each process
+permutes its own examples independently.)
 
 **The last partial batch.** When ``batch_size`` does not divide ``N``, the
 last ``N % batch_size`` examples of the epoch's order do not fill a batch. By
@@ -53,12 +55,19 @@ Dataset = Any
 
 
 def epoch_order(num_examples: int, *, seed: int,
-                epoch: int = 0) -> np.ndarray:
-    """The order of one epoch: a permutation fixed by (seed, epoch)."""
+                epoch: int = 0, process: int = 0) -> np.ndarray:
+    """The order of one epoch: a permutation fixed by (seed, epoch).
+
+    ``process`` (a process index) gives each process of a multi-process job its own
+    permutation of its *local* examples (:func:`process_local_batches`); process 0 draws the
+    order of the whole dataset, so one process reproduces :func:`sharded_batches`.
+    """
     _check_count("num_examples", num_examples, minimum=1)
     _check_count("seed", seed, minimum=0)
     _check_count("epoch", epoch, minimum=0)
-    rng = np.random.default_rng((int(seed), int(epoch)))
+    _check_count("process", process, minimum=0)
+    entropy = (int(seed), int(epoch)) + ((int(process),) if process else ())
+    rng = np.random.default_rng(entropy)
     return rng.permutation(int(num_examples))
 
 
@@ -154,8 +163,11 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
     ``batch_size`` is the *global* batch size. Each process contributes
     the rows its own devices hold (``batch_size / process_count`` when the
     batch axis is spread evenly over processes), taken from
-    ``local_dataset`` in the order fixed by ``(seed, epoch)``, and
-    ``jax.make_array_from_process_local_data`` assembles the global batch.
+    ``local_dataset`` in an order fixed by ``(seed, epoch)`` and the process
+    index, and ``jax.make_array_from_process_local_data`` assembles the global
+    batch. Each process shuffles its local examples with a permutation of its
+    own: with one shared permutation, local example ``i`` of every process
+    would land in the same batch epoch after epoch.
 
     Every process must call it with the same arguments except its data,
     and the local datasets must have the same length everywhere, so that
@@ -174,7 +186,7 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
     sizes = _batch_sizes(n_local * processes, batch_size, leaves,
                          shardings, drop_remainder=drop_remainder,
                          what=what)
-    order = epoch_order(n_local, seed=seed, epoch=epoch)
+    order = epoch_order(n_local, seed=seed, epoch=epoch, process=jax.process_index())
 
     def build(rows: np.ndarray) -> Any:
         arrays = [
