@@ -134,6 +134,12 @@ def test_all_to_all_bytes_match_the_compiled_program(data):
         # decomposer makes each a tuple of n buffers, one per destination.
         assert moe.lowered_all_to_alls(_layer(n, top_k, factor), params, x) == [n, n]
         assert [len(op.buffers) for op in ops] == [n, n]
+        # and the layer's 4 psums travel in 2 all-reduces (experts.md, the aux loss)
+        lowered = _layer(n, top_k, factor).lower(params, x).as_text()
+        reduces = [op for op in hlo.collectives(_layer(n, top_k, factor), params, x)
+                   if op.kind == "all-reduce"]
+        assert lowered.count('"stablehlo.all_reduce"') == 4
+        assert sum(len(op.buffers) for op in reduces) == 4 and len(reduces) == 2
         expected = moe.all_to_all_bytes(TOKENS, n, top_k=top_k, n_experts=N_EXPERTS,
                                         capacity_factor=factor, d_model=D_MODEL)
         assert [op.bytes_sent for op in ops] == [expected, expected]

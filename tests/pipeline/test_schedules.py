@@ -120,6 +120,11 @@ _PLAN = schedules.build_schedule("gpipe", 2, 3)
     (lambda: _PLAN.step_of(schedules.IDLE, 0, 0), InputError, "kind"),
     (lambda: _PLAN.step_of(schedules.FORWARD, 3, 0), InputError, "m must be at most 2"),
     (lambda: _PLAN.step_of(schedules.FORWARD, 0, -1), InputError, "s must be at least 0"),
+    (lambda: schedules.microbatches_for_bubble(4, 0.0), InputError, "positive"),
+    (lambda: schedules.microbatches_for_bubble(4, 1.0), InputError, "below 1"),
+    (lambda: schedules.microbatches_for_bubble(4, float("nan")), InputError, "finite"),
+    (lambda: schedules.microbatches_for_bubble(4, 0.1, relative_to="busy"), InputError,
+     "relative_to"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
@@ -134,6 +139,7 @@ def test_numpy_scalars_work_like_python_ints():
     assert schedules.closed_form_bubble(np.int16(4), np.uint8(8)) == pytest.approx(3 / 11)
     assert plan.step_of(np.int64(schedules.FORWARD), np.int64(0), np.int64(0)) == 0
     assert schedules.bubble_rows(np.int64(2), np.array([1, 2]))[1]["M"] == 2
+    assert schedules.microbatches_for_bubble(np.int64(8), np.float32(0.5)) == 7
 
 
 def test_bubble_rows_agree_with_closed_form():
@@ -150,6 +156,23 @@ def test_chapter_exercises():
     # 2: with M <= S, 1F1B holds every microbatch, like GPipe
     assert schedules.build_schedule("1f1b", 4, 2).peak_in_flight().max() == 2
     assert schedules.build_schedule("gpipe", 4, 2).peak_in_flight().max() == 2
+
+
+@pytest.mark.parametrize(("n_stages", "bubble", "total", "ideal"), [
+    (4, 0.1, 27, 30), (8, 0.1, 63, 70), (1, 0.5, 1, 1), (2, 0.5, 1, 2), (4, 0.3, 7, 10)])
+def test_microbatches_for_a_bubble_in_both_conventions(n_stages, bubble, total, ideal):
+    """pipeline.md: 10 % of the total time takes M >= 9 (S - 1); 10 % of the ideal time (the
+    Megatron-LM paper's (p - 1) / m) takes M >= 10 (S - 1)."""
+    got = {r: schedules.microbatches_for_bubble(n_stages, bubble, relative_to=r)
+           for r in ("total", "ideal")}
+    assert got == {"total": total, "ideal": ideal}
+    m = got["total"]  # the fewest: the counted bubble meets the target there, not below
+    assert schedules.bubble_fraction("gpipe", n_stages, m) <= bubble + 1e-12
+    if m > 1:
+        assert schedules.bubble_fraction("gpipe", n_stages, m - 1) > bubble
+    m = got["ideal"]
+    assert (n_stages - 1) / m <= bubble + 1e-12
+    assert m == 1 or (n_stages - 1) / (m - 1) > bubble
 
 
 def test_in_flight_rows_match_the_chapter():

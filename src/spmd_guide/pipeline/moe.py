@@ -52,6 +52,12 @@ def init_moe(key: Any, *, d_model: int, d_ff: int, n_experts: int) -> Params:
     d_model = checks.count("d_model", d_model)
     d_ff = checks.count("d_ff", d_ff)
     n_experts = checks.count("n_experts", n_experts)
+    return _init_moe(key, d_model, d_ff, n_experts)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _init_moe(key: jax.Array, d_model: int, d_ff: int, n_experts: int) -> Params:
+    """One compiled program (drawn op by op, the draws compile one small program each)."""
     k_router, k_in, k_out = jax.random.split(key, 3)
     normal = functools.partial(jax.random.normal, dtype=jnp.float32)
     return {

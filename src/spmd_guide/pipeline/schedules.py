@@ -19,7 +19,9 @@ operations, as soon as their inputs are there:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -177,6 +179,26 @@ def closed_form_bubble(n_stages: int, n_microbatches: int) -> float:
     n_stages = checks.count("n_stages", n_stages)
     n_microbatches = checks.count("n_microbatches", n_microbatches)
     return (n_stages - 1) / (n_microbatches + n_stages - 1)
+
+
+def microbatches_for_bubble(n_stages: int, bubble: float, *, relative_to: str = "total") -> int:
+    """The fewest microbatches M that bring the bubble of ``n_stages`` stages to ``bubble`` or
+    less, in one of the two conventions papers use:
+
+    * ``"total"``: idle over total time, ``(S - 1) / (M + S - 1)`` (this module, the GPipe
+      paper);
+    * ``"ideal"``: idle relative to the time with no bubble, ``(S - 1) / M`` (Narayanan et
+      al. 2021, Megatron-LM).
+
+    Exact arithmetic, the target read as the decimal it prints as (0.1, not 0.1000...0555).
+    """
+    n_stages = checks.count("n_stages", n_stages, maximum=checks.MAX_DEVICES)
+    target = Fraction(repr(checks.real("bubble", bubble, positive=True, maximum=1,
+                                       inclusive_max=False)))
+    checks.one_of("relative_to", relative_to, ("total", "ideal"))
+    idle = n_stages - 1
+    needed = idle * (1 - target) / target if relative_to == "total" else idle / target
+    return max(1, math.ceil(needed))
 
 
 def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = None) -> object:
