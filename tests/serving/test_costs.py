@@ -108,6 +108,8 @@ def test_max_batch_fills_the_hbm():
 
 
 def test_serve_table_and_winners():
+    # The page's chip: the least HBM of the chips file, so memory binds.
+    assert min(roofline.CHIPS.values(), key=lambda c: c.hbm_bytes).key == "tpu-v5e"
     served = costs.serve_table([(None, 1), ("tp", 8), ("dp", 8)], [1, 1024],
                                chip="tpu-v5e")
     at = {(s.strategy, s.batch): s for s in served}

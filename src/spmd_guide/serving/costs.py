@@ -143,11 +143,15 @@ def phase_rows(steps: Sequence[StepCounts], chip: str = "h100-sxm") -> list[dict
                                                        else ")"),
             "new tokens": f"{step.new_tokens:,}", "GFLOP": f"{step.flops / 1e9:.3g}",
             "MB read": f"{BYTE_SCALE * step.bytes_read / 1e6:.4g}",
-            "FLOP/B": f"{step.intensity / BYTE_SCALE:.3g}",
+            "FLOP/B": _number(step.intensity / BYTE_SCALE),
             "sent": hlo.format_bytes(BYTE_SCALE * step.comm_bytes),
             f"{chip} ms": f"{e.step_s * 1e3:.3g}", "bound": e.bound,
             "µs per new token": f"{e.step_s * 1e6 / step.new_tokens:.3g}"})
     return rows
+
+
+def _number(x: float) -> str:
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2f}"
 
 
 # --------------------------------------------------------------------------- the batch

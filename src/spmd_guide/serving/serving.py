@@ -458,7 +458,6 @@ def sharded_row(params: Params, prompt: Any, *, config: Config, steps: int, stra
             "mesh": " x ".join(f"{k}={v}" for k, v in srv.mesh.shape.items()),
             "same tokens": bool(np.array_equal(np.asarray(tokens), np.asarray(reference[0]))),
             "max |logit diff|": f"{np.max(np.abs(np.asarray(logits) - np.asarray(reference[1]))):.1e}",
-            "cache spec": str(srv.spec("cache")),
             "cache / device": cache_bytes(cache)["per device"], "params / device": held,
             "collectives per decode step": ", ".join(f"{n} {k}" for k, n in kinds.items())
             or "none", "sent per decode step": sum(op.bytes_sent for op in ops)}
