@@ -255,6 +255,17 @@ def test_bad_input_is_refused(kw, error, words):
     assert words in str(info.value)
 
 
+def test_params_of_another_config_are_refused():
+    params, prompt, _, _ = fixture()
+    other = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=3, seq_len=24)
+    with pytest.raises(checks.InputError, match=r"params\['pos'\] has shape \(20, 32\)"):
+        serving.generate(params, prompt, config=other, steps=2)
+    with pytest.raises(checks.InputError, match="structure"):
+        serving.generate({"embed": params["embed"]}, prompt, config=CONFIG, steps=2)
+    with pytest.raises(checks.InputTypeError, match="array"):
+        serving.generate(params | {"norm_f": "x"}, prompt, config=CONFIG, steps=2)
+
+
 def test_mesh_that_cannot_split_the_batch_or_the_heads():
     params, prompt, _, _ = fixture()
     with pytest.raises(checks.InputError, match="does not split into 8"):
@@ -281,6 +292,8 @@ def test_cache_longer_than_the_positions_or_fed_past_its_end():
     token, _, cache = srv.feed(placed, jnp.asarray(prompt), 0, cache)
     with pytest.raises(checks.InputError, match="do not fit a cache of max_len=7"):
         srv.feed(placed, token[:, None], PROMPT_LEN, cache)
+    with pytest.raises(checks.InputError, match="start must be at least 0"):
+        srv.feed(placed, token[:, None], -1, cache)
 
 
 # --------------------------------------------------------------------------- exercises

@@ -163,8 +163,9 @@ class Server:
     def place_params(self, params: Params) -> Params:
         """``params`` laid out as the strategy lays out parameters. A leaf laid out otherwise
         is placed from the host, as a checkpoint is loaded (resharding it on the devices
-        would compile a program per leaf shape)."""
-        checks.array_tree("params", params)
+        would compile a program per leaf shape). Refuses parameters of another shape than
+        ``config``'s."""
+        _check_params(params, self.config)
         targets = (jax.tree.map(lambda _: self.sharding("tokens"), params) if self.mesh is None
                    else self.strategy.shardings(params, self.mesh))
 
@@ -185,6 +186,7 @@ class Server:
         step would write nowhere and attend to the wrong keys). The cache is donated: use the
         returned one."""
         max_len = cache[0]["k"].shape[2]
+        start = checks.count("start", start, minimum=0)
         if start + tokens.shape[1] > max_len:
             raise checks.InputError(
                 f"tokens at positions {start}..{start + tokens.shape[1] - 1} do not fit a "
@@ -197,6 +199,28 @@ class Server:
         one = jax.ShapeDtypeStruct((batch, c.n_heads, max_len, c.head_dim),
                                    jnp.dtype(c.dtype), sharding=self.sharding("cache"))
         return [{"k": one, "v": one} for _ in range(c.n_layers)]
+
+
+@functools.cache
+def _param_shapes(config: Config) -> tuple[Any, list[tuple[str, tuple[int, ...]]]]:
+    shapes = jax.eval_shape(functools.partial(init_params, config=config), jax.random.key(0))
+    return jax.tree.structure(shapes), [(jax.tree_util.keystr(p), tuple(x.shape)) for p, x in
+                                        jax.tree_util.tree_leaves_with_path(shapes)]
+
+
+def _check_params(params: Params, config: Config) -> None:
+    """``params`` must be the pytree ``init_params(key, config)`` makes, leaf for leaf."""
+    leaves = checks.array_tree("params", params)
+    structure, shapes = _param_shapes(config)
+    if jax.tree.structure(params) != structure:
+        raise checks.InputError(
+            f"params must have the structure init_params(key, config) returns for this config "
+            f"({config.n_layers} block(s)), got {jax.tree.structure(params)}.")
+    for (path, shape), leaf in zip(shapes, leaves, strict=True):
+        if tuple(leaf.shape) != shape:
+            raise checks.InputError(
+                f"params{path} has shape {tuple(leaf.shape)}, but config needs {shape}: were "
+                f"the parameters made for another Config?")
 
 
 def _fast() -> dict[str, Any] | None:
