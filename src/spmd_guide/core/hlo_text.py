@@ -23,6 +23,7 @@ device. This module parses that text properly rather than grepping it, and
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -402,6 +403,19 @@ class Module:
 
 
 def parse_module(text: str) -> Module:
+    """The computations of an HLO module's text, its entry and partition counts.
+
+    A page asks several questions of one compiled program (its collectives, its entry, its
+    memory rows), so the last few parses are kept: the same text is read once. Treat the
+    result as read-only.
+    """
+    if not isinstance(text, str):
+        raise checks.InputTypeError(f"parse_module needs HLO text, got {text!r:.60}.")
+    return _parse_module(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_module(text: str) -> Module:
     computations: dict[str, list[Instruction]] = {}
     entry, current = None, None
     for raw in text.splitlines():
