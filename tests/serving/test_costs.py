@@ -169,3 +169,12 @@ def test_exercise_answers_prefill_decode():
     assert affordable / 1e6 == pytest.approx(0.46, abs=0.01)
     assert cache_gqa / 1e6 == pytest.approx(2.1, abs=0.05)
     assert affordable < cache_gqa
+
+
+def test_why_not_xla_bytes_accessed():
+    """The page's dropdown: XLA:CPU's estimate charges a gather of several rows with the
+    whole embedding table, and at batch 1 adds copies of the cache; bytes read is the floor."""
+    one, two = (costs.step_counts("decode", batch=n) for n in (1, 2))
+    embed = 4 * V * D
+    assert one.bytes_accessed - one.bytes_read > 2 * one.cache_bytes
+    assert embed <= two.bytes_accessed - two.bytes_read < embed + two.cache_bytes
