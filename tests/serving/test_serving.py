@@ -105,6 +105,10 @@ def test_auto_and_explicit_axes(name, explicit):
     mesh = mesh_of(4, strategy.axes, strategy.mesh_shape(4), explicit=explicit)
     out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, strategy=name, mesh=mesh)
     np.testing.assert_array_equal(np.asarray(out), tokens)
+    compiled = serving.compiled_step(CONFIG, batch=BATCH, length=1, max_len=CONFIG.seq_len,
+                                     strategy=name, mesh=mesh)
+    kinds = hlo.count_kinds(hlo.collectives_in_text(compiled.as_text()))
+    assert kinds["all-reduce"] == (2 * CONFIG.n_layers if name == "tp" else 0)
     cache = serving.init_cache(CONFIG, batch=BATCH, max_len=4, strategy=name, mesh=mesh)
     assert cache[0]["k"].sharding.spec == serving.server(
         CONFIG, strategy=name, mesh=mesh).spec("cache")
@@ -119,6 +123,18 @@ def test_explicit_2d_mesh_and_already_sharded_params():
     out = serving.generate(placed, prompt, config=CONFIG, steps=STEPS, strategy="fsdp_tp",
                            mesh=mesh)
     np.testing.assert_array_equal(np.asarray(out), tokens)
+
+
+def test_sharded_row_on_explicit_axes():
+    params, prompt, tokens, logits = fixture()
+    mesh = mesh_of(8, ("model",), explicit=True)
+    row = serving.sharded_row(params, prompt, config=CONFIG, steps=STEPS, strategy="tp",
+                              mesh=mesh, reference=(tokens, logits))
+    assert row["same tokens"] is True and row["mesh"] == "model=8"
+    assert row["collectives per decode step"] == f"2 all-gather, {2 * CONFIG.n_layers} all-reduce"
+    assert row["cache / device"] * 8 == 2 * CONFIG.n_layers * BATCH * (PROMPT_LEN + STEPS) \
+        * CONFIG.d_model * 4
+    assert row["sent per decode step"] > 0
 
 
 def test_default_mesh_is_every_device():
