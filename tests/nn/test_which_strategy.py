@@ -16,7 +16,9 @@ GIB = 2**30
 @pytest.mark.parametrize(("params", "batch", "answer", "mesh"), [
     (4 * 10**9, 256, "DP", {"data": 8}),                    # 16 GB of state < 40 GiB budget
     (4 * 10**9, 4, "DP x TP", {"data": 4, "model": 2}),     # too few examples for 8 devices
-    (4 * 10**9, 1, "DP x TP", {"data": 1, "model": 8}),     # one example: all TP
+    (4 * 10**9, 1, "TP", {"model": 8}),                     # one example: all TP
+    (4 * 10**9, 100, "DP x TP", {"data": 4, "model": 2}),   # 100 does not split over 8 (P4-W1)
+    (4 * 10**9, 9, "TP", {"model": 8}),                     # nor over 2: tensor parallel alone
     (40 * 10**9, 256, "FSDP", {"data": 8}),                 # 160 GB of state, 20 GB per device
     (40 * 10**9, 2, "FSDP x TP", {"data": 2, "model": 4}),
     (400 * 10**9, 256, "none", {}),                         # 1.6 TB: 200 GB per device
@@ -30,7 +32,7 @@ def test_recommend(params, batch, answer, mesh):
     assert max(len(line) for line in rec.explain().splitlines()) <= 76
     if mesh:
         assert rec.state_bytes_per_device <= rec.budget_bytes
-        assert rec.batch_per_device == batch / mesh["data"]
+        assert rec.batch_per_device == batch / mesh.get("data", 1)
 
 
 def test_page_exercise():
@@ -55,11 +57,28 @@ def test_budget_and_optimizer_slots_move_the_line():
 def test_recommend_is_consistent(n, batch, params):
     rec = which_strategy.recommend(params, 80 * GIB, batch=batch, n_devices=n)
     if rec.answer != "none":
-        assert rec.mesh["data"] * rec.mesh.get("model", 1) == n
-        assert batch % rec.mesh["data"] == 0
+        data = rec.mesh.get("data", 1)
+        assert data * rec.mesh.get("model", 1) == n
+        assert batch % data == 0  # the strategies refuse an uneven split
         assert rec.state_bytes_per_device <= rec.budget_bytes
+        # the explanation answers its own question rightly (P4-W1)
+        assert dict(rec.path)["batch"] == (batch % n == 0)
+        assert (rec.answer == "TP") == (data == 1 and n > 1)
+        assert rec.answer not in ("DP x TP", "FSDP x TP") or 1 < data < n
     html = which_strategy.flowchart(rec)._repr_html_()
     assert which_strategy.ANSWERS[rec.answer][0] in html and html.count("&#9654;") == len(rec.path) + 1
+
+
+def test_the_book_strategy_named_can_build_the_mesh():
+    """P4-W1: auto_dp_tp's model axis is 2 unless built otherwise; the answer says how."""
+    rec = which_strategy.recommend(4 * 10**9, 80 * GIB, batch=2, n_devices=8)
+    assert rec.mesh == {"data": 2, "model": 4}
+    assert rec.book_strategies == "auto_dp_tp, built as AutoDataTensorParallel(model_size=4)"
+    from spmd_guide.nn.strategies import AutoDataTensorParallel
+    assert dict(AutoDataTensorParallel(model_size=4).mesh(DEVICES).shape) == {"batch": 2, "model": 4}
+    assert which_strategy.recommend(4 * 10**9, 80 * GIB, batch=4, n_devices=8).book_strategies == "auto_dp_tp"
+    words = " ".join(which_strategy.recommend(4 * 10**9, 80 * GIB, batch=100, n_devices=8).explain().split())
+    assert "split evenly over all n devices, at least the smallest batch per device each? No." in words
 
 
 def test_flowchart_marks_the_path():

@@ -211,7 +211,7 @@ def adam_state_shardings(params: nn.Params, *, how: str = "jit") -> tuple[Any, A
         state = optimizer.init(params)
         return _adam_moments(jax.tree.map(lambda a: a.sharding, state))
     init = jax.jit(optimizer.init) if how == "jit" else pinned_init(optimizer, params)
-    return _adam_moments(init.lower(params).compile().output_shardings)
+    return _adam_moments(init.lower(params).compile(hlo.FAST_COMPILE).output_shardings)
 
 
 def pinned_init(optimizer: Any, params: nn.Params) -> Any:
@@ -253,10 +253,12 @@ def layout(
     loss = strategy.loss(mesh)
     x = placed_batch[0]
 
-    acts = jax.jit(nn.layer_outputs).lower(placed, x).compile().output_shardings
-    grads = gradient_program(loss).lower(placed, placed_batch).compile().output_shardings
+    # Compiled to be read (hlo.FAST_COMPILE: XLA's passes in full, no LLVM optimization).
+    fast = hlo.FAST_COMPILE
+    acts = jax.jit(nn.layer_outputs).lower(placed, x).compile(fast).output_shardings
+    grads = gradient_program(loss).lower(placed, placed_batch).compile(fast).output_shardings
     step = nn.make_sgd_step(loss, learning_rate=learning_rate)
-    compiled_step = hlo.compile(step, placed, placed_batch)
+    compiled_step = hlo.compile(step, placed, placed_batch, compiler_options=fast)
     updated, _ = compiled_step.output_shardings
     report = hlo.report(compiled_step)
     mu, nu = adam_state_shardings(placed)

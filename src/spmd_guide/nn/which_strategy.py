@@ -32,7 +32,8 @@ PARAMS_AND_GRADS = 2
 QUESTIONS: dict[str, str] = {
     "fits": "Does the whole training state fit in one device's budget?",
     "fits_sharded": "Does 1/n of it fit (sharded over all n devices)?",
-    "batch": "Is the global batch at least n x the smallest batch per device?",
+    "batch": ("Does the global batch split evenly over all n devices, at least the smallest "
+              "batch per device each?"),
 }
 
 #: The answers (leaves of the flowchart), by id: what to run and which book strategies do it.
@@ -44,6 +45,7 @@ ANSWERS: dict[str, tuple[str, str]] = {
     "DP x TP": ("2-D: data parallel x tensor parallel", "auto_dp_tp"),
     "FSDP": ("Fully sharded data parallel (FSDP)", "fsdp, auto_fsdp"),
     "FSDP x TP": ("2-D: FSDP x tensor parallel", "Part VIII's fsdp_tp"),
+    "TP": ("Tensor parallel (TP) over every device", "tp"),
     "none": ("Does not fit: add devices, or pipeline / offload / lower precision", "-"),
 }
 
@@ -88,8 +90,13 @@ class Recommendation:
     @property
     def book_strategies(self) -> str:
         """The book's strategies that lay a model out so: names in Part IV's
-        ``spmd_guide.nn.STRATEGIES``, or Part VIII's transformer for FSDP x TP."""
-        return ANSWERS[self.answer][1]
+        ``spmd_guide.nn.STRATEGIES``, or Part VIII's transformer for FSDP x TP.
+        ``auto_dp_tp``'s model axis is 2 unless built with another ``model_size``."""
+        names = ANSWERS[self.answer][1]
+        model = self.mesh.get("model", 2)
+        if self.answer == "DP x TP" and model != 2:
+            return f"{names}, built as AutoDataTensorParallel(model_size={model})"
+        return names
 
     def explain(self) -> str:
         """The recommendation in sentences (wrapped to 76 columns): each question, its answer
@@ -122,9 +129,11 @@ def recommend(
     The budget per device is ``memory_fraction * device_bytes`` (the rest is for activations
     and temporaries). If the training state (:func:`training_state_bytes`) fits the budget,
     parameters are replicated (DP); if only 1/n of it fits, they are sharded (FSDP); if not
-    even that, no layout of this Part fits. Then the batch: the data axis is as large as the
-    batch allows with ``min_batch_per_device`` examples each; devices left over form a
-    ``model`` axis for tensor parallelism (2-D, or plain TP when the data axis is 1).
+    even that, no layout of this Part fits. Then the batch: every strategy splits it evenly
+    or refuses it, so the data axis is the largest divisor of ``n_devices`` that divides the
+    batch with ``min_batch_per_device`` examples each (all ``n`` when the batch allows);
+    devices left over form a ``model`` axis for tensor parallelism: 2-D, or tensor parallel
+    alone when the data axis is 1.
     """
     budget_bytes = int(checks.real("memory_fraction", memory_fraction, positive=True,
                                    maximum=1.0) * checks.count("device_bytes", device_bytes))
@@ -140,17 +149,26 @@ def recommend(
             return Recommendation("none", {}, state, math.ceil(state / n), budget_bytes,
                                   batch / n, tuple(path))
     sharded = not path[0][1]
-    path.append(("batch", batch >= n * min_batch and batch % n == 0))
+    path.append(("batch", batch % n == 0 and batch // n >= min_batch))
     data = n if path[-1][1] else data_axis_size(batch, n, min_batch_per_device=min_batch)
     model = n // data
     if model == 1:
         answer, mesh = ("FSDP" if sharded else "DP"), {"data": n}
+    elif data == 1:
+        answer, mesh = "TP", {"model": n}
     else:
         answer, mesh = ("FSDP x TP" if sharded else "DP x TP"), {"data": data, "model": model}
-    # FSDP x TP shards the state over every device; DP x TP over the model axis only.
-    per_device = math.ceil(state / n) if sharded else math.ceil(state / model)
+    # FSDP x TP shards the state over every device, TP too; DP x TP over the model axis only.
+    per_device = (math.ceil(state / n) if sharded or answer == "TP"
+                  else math.ceil(state / model))
     return Recommendation(answer, mesh, state, per_device, budget_bytes, batch / data,
                           tuple(path))
+
+
+def _leaf(target: str) -> str:
+    """A flowchart leaf in words; the 2-D leaves say that a data axis of 1 leaves plain TP."""
+    title = ANSWERS[target][0]
+    return f"{title} (TP alone if no data axis fits)" if target.endswith("x TP") else title
 
 
 # ------------------------------------------------------------------------ the flowchart
@@ -208,7 +226,7 @@ def flowchart(recommendation: Recommendation | None = None) -> Html:
         branches = []
         lines.append(f"{'>' if node in visited else ' '} {steps[node]}. {label(node)}")
         for word, target in (("yes", yes), ("no", no)):
-            plain = f"go to {steps[target]}" if target in flow else ANSWERS[target][0]
+            plain = f"go to {steps[target]}" if target in flow else _leaf(target)
             lines.append(f"      {word} -> {plain}")
             where = html.escape(plain) if target not in flow else plain
             strong = recommendation is not None and node in visited and target in visited
@@ -280,7 +298,9 @@ def measure_traffic(
         for b in batches:
             batch = nn.make_regression_batch(jax.random.key(1), b, sizes[0], sizes[-1])
             placed, placed_batch = strategy.shard(params, batch, mesh)
-            report = hlo.report(step, placed, placed_batch)
+            # compiled to be read: XLA's passes in full, no LLVM optimization
+            report = hlo.report(hlo.compile(step, placed, placed_batch,
+                                            compiler_options=hlo.FAST_COMPILE))
             rows.append(Traffic(name, b, mesh.size, total, nn.param_bytes_per_device(placed),
                                 report.total_bytes))
     return rows
