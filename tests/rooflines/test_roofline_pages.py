@@ -181,6 +181,8 @@ def _predictions():
     (lambda: roofline_pages.prediction_rows([1, 2], "h200"), InputTypeError, "Prediction"),
     (lambda: roofline_pages.chip_for("NVIDIA H100"), InputTypeError, "device"),
     (lambda: roofline_pages.Prediction("dp", "h200", 1.0), InputTypeError, "Estimate"),
+    (lambda: roofline_pages.Problem("k", "q?", "a", NAN), InputError, "value"),
+    (lambda: roofline_pages.how_many(1, 0), InputError, "total"),
     (lambda: roofline_pages.plot_rooflines({"x": (NAN, 1)}), InputError, "finite"),
     (lambda: roofline_pages.plot_rooflines({"x": (0.0, 1)}), InputError, "positive"),
     (lambda: roofline_pages.plot_rooflines({"x": 3}), InputTypeError, "points"),

@@ -286,7 +286,9 @@ def counts(fn: Callable[..., Any], *args: Any) -> Counts:
     """FLOPs and bytes accessed (XLA's cost analysis of the per-device program) and bytes one
     device sends (ring model, in total and by collective kind) of ``fn`` compiled on
     ``args`` (arrays or ``jax.ShapeDtypeStruct``s, laid out on Auto or Explicit mesh axes
-    alike). ``fn`` may also be a lowered or compiled program, then ``args`` are empty."""
+    alike). ``fn`` may also be a lowered or compiled program, then ``args`` are empty. Only
+    the shapes, dtypes and shardings of ``args`` matter: their values (NaN included) are
+    never read."""
     if not isinstance(fn, (jax.stages.Lowered, jax.stages.Compiled)):
         checks.function("fn", fn)
     compiled = hlo.compile(fn, *args)  # compiled once; every question asks this program

@@ -379,6 +379,13 @@ class Problem:
     answer: str
     value: float
 
+    def __post_init__(self) -> None:
+        for name in ("key", "question", "answer"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name).strip():
+                raise checks.InputTypeError(
+                    f"{name} must be a non-empty string, got {getattr(self, name)!r}.")
+        object.__setattr__(self, "value", checks.real("value", self.value))
+
 
 def _src(key: str) -> str:
     chip = roofline.CHIPS[key]
