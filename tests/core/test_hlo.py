@@ -6,15 +6,10 @@ module under test. Parser tests use literal HLO so they hold even if the compile
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from helpers import mesh_of
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -286,15 +281,6 @@ def test_a_group_of_one_sends_nothing(kind):
     assert hlo.ring_bytes(kind, 1024, 1) == 0
 
 
-def test_unreadable_replica_groups_raise():
-    with pytest.raises(ValueError, match="cannot read replica_groups"):
-        hlo_text.parse_replica_groups("<mystery>")
-    with pytest.raises(ValueError, match="not in mesh"):
-        hlo_text.parse_replica_groups("mesh['a'=2] {'z'}")
-    with pytest.raises(ValueError, match="do not divide"):
-        hlo_text.parse_replica_groups("mesh['a'=6] {'a':(1)4}")
-
-
 # --------------------------------------------------------------------------- format_bytes
 
 
@@ -312,77 +298,6 @@ def test_format_bytes_rejects_negative_counts():
 
 
 # --------------------------------------------------------------------------- parser, literal HLO
-
-
-def test_replica_groups_three_spellings_agree():
-    explicit = hlo_text.parse_replica_groups("{{0,2,4,6},{1,3,5,7}}")
-    assert explicit == ((0, 2, 4, 6), (1, 3, 5, 7))
-    assert hlo_text.parse_replica_groups("[2,4]<=[4,2]T(1,0)") == explicit
-    assert hlo_text.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}") == explicit
-    assert hlo_text.parse_replica_groups("[2,4]<=[8]") == ((0, 1, 2, 3), (4, 5, 6, 7))
-    assert hlo_text.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}") == (
-        (0, 1), (2, 3), (4, 5), (6, 7))
-    assert hlo_text.parse_replica_groups("mesh['a'=4,'b'=2] {'a','b'}") == (tuple(range(8)),)
-    assert hlo_text.parse_replica_groups("{}") == ()
-
-
-def test_replica_groups_mesh_sub_axes_and_device_ids():
-    # 'x':(2)2 is the middle factor of x=8 = 2 (major) x 2 x 2 (minor).
-    assert hlo_text.parse_replica_groups("mesh['x'=8] {'x':(2)2}") == (
-        (0, 2), (1, 3), (4, 6), (5, 7))
-    assert hlo_text.parse_replica_groups("mesh['x'=8] {'x':(1)2}") == (
-        (0, 4), (1, 5), (2, 6), (3, 7))
-    # A non-iota mesh: devices [[0,2],[1,3]]; grouping over 'b' pairs each row.
-    assert hlo_text.parse_replica_groups("mesh['a'=2,'b'=2], device_ids=(0,2,1,3) {'b'}") == (
-        (0, 2), (1, 3))
-    # As the partitioner prints it: devices iota(8).reshape(4,2).T laid out as [1,2,4].
-    assert hlo_text.parse_replica_groups(
-        "mesh['axis_0'=1,'axis_1'=2,'axis_2'=4], device_ids=([4,2]T(1,0)) {'axis_1'}"
-    ) == ((0, 1), (2, 3), (4, 5), (6, 7))
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=4).flatmap(
-    lambda dims: st.tuples(st.just(dims), st.permutations(range(len(dims))),
-                           st.integers(0, 10))))
-def test_iota_replica_groups_match_an_index_reference(case):
-    dims, perm, pick = case
-    total = math.prod(dims)
-    divisors = [d for d in range(1, total + 1) if total % d == 0]
-    size = divisors[pick % len(divisors)]
-    text = f"[{total // size},{size}]<=[{','.join(map(str, dims))}]"
-    text += f"T({','.join(map(str, perm))})"
-    groups = hlo_text.parse_replica_groups(text)
-    # Reference: the p-th device of the flattened transposed iota, by index arithmetic.
-    transposed_dims = [dims[p] for p in perm]
-    flat = []
-    for position in range(total):
-        index_t = np.unravel_index(position, transposed_dims)
-        index = [0] * len(dims)
-        for axis_t, axis in enumerate(perm):
-            index[axis] = index_t[axis_t]
-        flat.append(int(np.ravel_multi_index(index, dims)))
-    assert groups == tuple(tuple(flat[i:i + size]) for i in range(0, total, size))
-
-
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.integers(1, 4), min_size=1, max_size=3).flatmap(
-    lambda sizes: st.tuples(st.just(sizes),
-                            st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))))
-def test_mesh_replica_groups_vary_exactly_the_named_axes(case):
-    sizes, chosen = case
-    names = [f"ax{i}" for i in range(len(sizes))]
-    grouped = [n for n, c in zip(names, chosen, strict=True) if c]
-    text = ("mesh[" + ",".join(f"'{n}'={s}" for n, s in zip(names, sizes, strict=True)) + "] {"
-            + ",".join(f"'{n}'" for n in grouped) + "}")
-    groups = hlo_text.parse_replica_groups(text)
-    size = math.prod(s for s, c in zip(sizes, chosen, strict=True) if c)
-    assert all(len(g) == size for g in groups)
-    assert sorted(d for g in groups for d in g) == list(range(math.prod(sizes)))
-    for group in groups:
-        coords = [np.unravel_index(d, sizes) for d in group]
-        fixed = {tuple(int(c[i]) for i in range(len(sizes)) if not chosen[i]) for c in coords}
-        assert len(fixed) == 1  # the axes not named stay put inside a group
 
 
 MODULE = """\

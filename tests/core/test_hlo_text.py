@@ -57,15 +57,6 @@ def test_reads_a_real_compiled_program_and_its_entry():
     assert hlo_text.lines_with(compiled, "parameter(0)")
 
 
-def test_replica_groups_text_finds_each_spelling_whole():
-    rest = ", use_global_device_ids=true, to_apply=%add"
-    for value in ("{{0,1},{2,3}}", "[2,4]<=[4,2]T(1,0)", "mesh['a'=4,'b'=2] {'a'}",
-                  "mesh['a'=4,'b'=2] {'a':(2)2}", "mesh['a'=2,'b'=2], device_ids=(0,2,1,3) {'b'}",
-                  "{}"):
-        assert hlo_text.replica_groups_text(f"channel_id=1, replica_groups={value}{rest}") == value
-    assert hlo_text.replica_groups_text("channel_id=1, to_apply=%add") is None
-
-
 MAIN = """\
 HloModule m, num_partitions=8
 
@@ -95,44 +86,7 @@ def test_same_program_reads_through_the_spelling_of_replica_groups():
                                      program(spellings[0]).replace("dimensions={0}", "dimensions={1}"))
 
 
-@pytest.mark.parametrize(("text", "tiles"), [
-    # P('b', 'a') on a 4 x 2 mesh ('a'=4, 'b'=2): rows split 2 ways, columns 4 ways.
-    ("{devices=[2,4]<=[4,2]T(1,0)}", [[0, 2, 4, 6], [1, 3, 5, 7]]),
-    ("{devices=[2,4]<=[8]}", [[0, 1, 2, 3], [4, 5, 6, 7]]),
-    ("devices=[2,4]0,2,4,6,1,3,5,7", [[0, 2, 4, 6], [1, 3, 5, 7]]),  # the older list form
-    # P(None, 'a') on the same mesh: 4 column tiles, each on 2 devices (copies last).
-    ("{devices=[1,4,2]<=[8] last_tile_dim_replicate}", [[[0, 1], [2, 3], [4, 5], [6, 7]]]),
-])
-def test_tile_assignment_reads_the_iota_as_a_recipe_not_a_device_list(text, tiles):
-    assert hlo_text.parse_tile_assignment(text).tolist() == tiles
-
-
-def test_tile_assignment_matches_where_jax_puts_the_blocks():
-    """The notation JAX's lowering writes (compiler_ir('hlo')) for P('b', 'a') decodes to
-    the devices that hold each block of the array."""
-    import numpy as np
-    from helpers import mesh_of
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
-
-    mesh = mesh_of(8, ("a", "b"), (4, 2))
-    x = jax.device_put(np.zeros((8, 8), np.float32), NamedSharding(mesh, P("b", "a")))
-    lowered = jax.jit(lambda t: t * 2).lower(x)
-    (line,) = [line for line in lowered.compiler_ir("hlo").as_hlo_text().splitlines()
-               if "parameter(0)" in line]
-    notation = line.split("sharding=", 1)[1].split("}", 1)[0] + "}"
-    assert notation == "{devices=[2,4]<=[4,2]T(1,0)}"
-    tiles = hlo_text.parse_tile_assignment(notation)
-    for shard in x.addressable_shards:
-        rows, cols = shard.index
-        assert tiles[rows.start // 4, cols.start // 2] == shard.device.id
-
-
 @pytest.mark.parametrize(("call", "error", "word"), [
-    (lambda: hlo_text.parse_tile_assignment("{replicated}"), ValueError, "tile assignment"),
-    (lambda: hlo_text.parse_tile_assignment("{devices=[2,2]0,1,2}"), ValueError, "3 devices"),
-    (lambda: hlo_text.parse_tile_assignment(None), checks.InputTypeError, "sharding text"),
-    (lambda: hlo_text.replica_groups_text(7), checks.InputTypeError, "attribute text"),
     (lambda: hlo_text.parse_shape("float32[4]"), checks.InputError, "HLO element type"),
     (lambda: hlo_text.parse_shape(4), checks.InputTypeError, "shape text"),
     (lambda: hlo_text.Buffer("f32", (-1, 4)), checks.InputError, "non-negative"),

@@ -143,7 +143,7 @@ def _same_object(pair: str) -> str:
 def _replica_groups_spelling(_: str) -> str:
     """How the compiled program of a ``shard_map`` psum writes its device groups."""
     from spmd_guide.core import hlo
-    from spmd_guide.core.hlo_text import replica_groups_text
+    from spmd_guide.core.device_groups import replica_groups_text
 
     if len(jax.devices()) < 2:
         return "needs 2 devices to probe"

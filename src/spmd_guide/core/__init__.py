@@ -1,6 +1,7 @@
 """The base every topic builds on: input checks (`checks`), devices and the one mesh
 builder (`devices`), the one presentation layer (`display`), every picture (`drawing`),
-reading compiled programs (`hlo_text` parses, `hlo` compiles and counts), what JAX traced
+reading compiled programs (`hlo_text` parses, `device_groups` reads which devices it names,
+`hlo` compiles and counts), what JAX traced
 (`traced`), honest timing (`timing`) and benchmark tables kept with provenance (`results`).
 
 `core` imports no topic; every page uses it (`display`, `hlo` on most pages).

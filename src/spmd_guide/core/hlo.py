@@ -43,6 +43,12 @@ import jax
 import numpy as np
 
 from spmd_guide.core import checks
+from spmd_guide.core.device_groups import (
+    _attribute_value,
+    _int_lists,
+    parse_replica_groups,
+    replica_groups_text,
+)
 from spmd_guide.core.display import Table, stack
 from spmd_guide.core.hlo_text import (
     _OPCODES,
@@ -50,13 +56,9 @@ from spmd_guide.core.hlo_text import (
     Buffer,
     Instruction,
     Module,
-    _attribute_value,
-    _int_lists,
     parse_module,
-    parse_replica_groups,
     program_text,
     reachable,
-    replica_groups_text,
 )
 
 __all__ = [
