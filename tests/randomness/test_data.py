@@ -73,6 +73,19 @@ def test_batches_carry_the_requested_sharding(k, mesh_args, spec):
         assert shard.data.shape == (8 // pieces, 3)
 
 
+def test_both_loaders_on_a_mesh_of_explicit_axes():
+    """jax.make_mesh's default axes: the batches carry the sharding asked for, and the
+    process-local path agrees with the global one."""
+    sharding = NamedSharding(mesh_of(8, ("a", "b"), (4, 2), explicit=True), P("a"))
+    ours = list(data.process_local_batches(_dataset(40), 16, sharding, seed=5))
+    theirs = list(data.sharded_batches(_dataset(40), 16, sharding, seed=5))
+    assert data.batch_axis_size(sharding) == 4 and len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs, strict=True):
+        for u, v in zip(a, b, strict=True):
+            assert u.sharding == v.sharding == sharding
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
 def test_each_device_is_asked_only_for_its_own_rows(monkeypatch):
     requests = []
     real = jax.make_array_from_callback

@@ -82,17 +82,26 @@ def test_same_key_same_numbers_whatever_the_sharding():
         assert sum(hlo.collective_counts(generate, key).values()) == 0
 
 
-def test_fold_in_gives_each_device_its_own_stream():
-    mesh = mesh_of(8)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_fold_in_gives_each_device_its_own_stream(explicit):
+    mesh = mesh_of(8, explicit=explicit)
     ones = jnp.ones((8, 64))
-    own = np.asarray(prng.sharded_dropout(jax.random.key(0), ones, mesh, axis_name="x", rate=0.5))
+    own = prng.sharded_dropout(jax.random.key(0), ones, mesh, axis_name="x", rate=0.5)
+    assert own.sharding.is_equivalent_to(NamedSharding(mesh, P("x")), 2)
+    own = np.asarray(own)
     rows = {row.tobytes() for row in own}
     assert len(rows) == 8
     assert abs(prng.block_correlation(own, blocks=8)) < 0.3
+    # inputs placed elsewhere are laid out as the program needs: the same mask
+    key_elsewhere = jax.device_put(jax.random.key(0), jax.devices()[3])
+    x_by_columns = jax.device_put(ones, NamedSharding(mesh, P(None, "x")))
+    again = prng.sharded_dropout(key_elsewhere, x_by_columns, mesh, axis_name="x", rate=0.5)
+    np.testing.assert_array_equal(np.asarray(again), own)
 
 
-def test_same_key_on_every_device_gives_the_same_mask():
-    mesh = mesh_of(8)
+@pytest.mark.parametrize("explicit", [False, True])
+def test_same_key_on_every_device_gives_the_same_mask(explicit):
+    mesh = mesh_of(8, explicit=explicit)
     ones = jnp.ones((8, 64))
     same = np.asarray(prng.sharded_dropout(jax.random.key(0), ones, mesh, axis_name="x",
                                            rate=0.5, per_device_keys=False))
@@ -164,6 +173,17 @@ def test_sharded_batch_of_typed_keys():
 
 
 # ------------------------------------------------------------------ the chapter's exercises
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_sampler_on_both_kinds_of_axes(explicit):
+    sharding = NamedSharding(mesh_of(8, ("a", "b"), (2, 4), explicit=explicit), P("a", "b"))
+    generate = prng.sampler((16, 8), sharding)
+    values = generate(jax.random.key(2))
+    assert values.sharding.is_equivalent_to(sharding, 2)
+    np.testing.assert_array_equal(np.asarray(values),
+                                  np.asarray(jax.random.normal(jax.random.key(2), (16, 8))))
+    assert sum(hlo.collective_counts(generate, jax.random.key(2)).values()) == 0
 
 
 def test_exercise_column_sharding_needs_no_communication():

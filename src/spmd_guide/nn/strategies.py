@@ -21,6 +21,13 @@ Two families:
 * ``dp``, ``fsdp``, ``tp`` -- ``jax.shard_map``: the strategy writes the per-device program
   and its collectives by hand.
 
+Every method that takes a mesh also takes one with ``AxisType.Explicit`` axes (what
+``jax.make_mesh`` gives by default), as long as its axis names are the strategy's. There the
+loss first reshards its inputs to the strategy's layout (``jax.sharding.reshard``: under
+Explicit axes a sharding is part of an array's type, and a constraint is refused), then runs
+the same program, with the axes made Auto for its duration (``jax.sharding.auto_axes``) so
+that the compiler partitions it as on an Auto mesh.
+
 To feed a strategy from a data loader, lay batches out with ``strategy.batch_sharding(mesh)``
 (one sharding for both ``x: [B, d_in]`` and ``y: [B, d_out]``); in a multi-process run build
 each global batch with ``jax.make_array_from_process_local_data(sharding, local_rows)``.
@@ -36,7 +43,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -89,7 +96,8 @@ class Strategy:
         all of ``jax.devices()``).
 
         The axes are ``AxisType.Auto``: outside ``shard_map`` the compiler
-        propagates shardings.
+        propagates shardings. (A mesh with the same axis names and Explicit axes works with
+        every method too; see the module's notes.)
         """
         devices = list(jax.devices() if devices is None else devices)
         if not devices:
@@ -211,14 +219,35 @@ def _trimmed(spec: P) -> P:
     return P(*entries)
 
 
+def _auto_twin(mesh: Mesh) -> Mesh:
+    """``mesh`` with every axis Auto: the same devices and names (``mesh`` itself if so)."""
+    if all(t == AxisType.Auto for t in mesh.axis_types):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
+
+
 @functools.cache
 def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
+    auto = _auto_twin(mesh)
+
+    def program(params: Params, batch: Batch) -> jax.Array:
+        """The loss on Auto axes: constraints pin the parameters of a jit strategy (a
+        shard_map strategy's in_specs pin them already)."""
+        if strategy.kind == "jit":
+            params = jax.lax.with_sharding_constraint(
+                params, strategy.param_shardings(params, auto))
+        return strategy._loss(params, batch, auto)
+
     def loss_fn(params: Params, batch: Batch) -> jax.Array:
         strategy.check(params, batch, mesh)
-        if strategy.kind == "jit":  # shard_map's in_specs already pin the layouts
-            params = jax.lax.with_sharding_constraint(
-                params, strategy.param_shardings(params, mesh))
-        return strategy._loss(params, batch, mesh)
+        if auto is mesh:
+            return program(params, batch)
+        # Explicit axes: lay the inputs out by resharding, then the same program on Auto axes.
+        rows = strategy.batch_sharding(mesh)
+        params, batch = jax.sharding.reshard(
+            (params, tuple(batch)), (strategy.param_shardings(params, mesh), (rows, rows)))
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return jax.sharding.auto_axes(program, out_sharding=P())(params, batch)
 
     loss_fn.__name__ = f"{strategy.name}_loss"
     return loss_fn

@@ -172,7 +172,8 @@ def sharded_dropout(key: jax.Array, x: jax.Array, mesh: Mesh, *,
     With ``per_device_keys=True`` each device draws its mask from
     :func:`device_key`; with ``False`` every device uses ``key`` itself
     (the common mistake: every device gets the same mask). The result is
-    laid out ``P(axis_name)``.
+    laid out ``P(axis_name)``. ``mesh`` may have Auto or Explicit axes; the key and
+    ``x`` are placed on it as the program needs, wherever they were.
     """
     size = checks.axis(checks.mesh("mesh", mesh), axis_name)
     key = checks.key("key", key)
@@ -184,6 +185,9 @@ def sharded_dropout(key: jax.Array, x: jax.Array, mesh: Mesh, *,
             f"x of shape {x.shape} cannot be split by rows over mesh "
             f"axis {axis_name!r} of size {size}: the first dimension must "
             f"be a multiple of {size}.")
+    # Lay both inputs out as the program needs them (a key committed elsewhere, or an x
+    # split another way, would be refused by jit on either kind of mesh axes).
+    key = jax.device_put(key, NamedSharding(mesh, P()))
     x = jax.device_put(x, NamedSharding(mesh, P(axis_name)))
     program = _dropout_program(mesh, axis_name, float(rate),
                                per_device_keys)
