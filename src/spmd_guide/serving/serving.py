@@ -37,7 +37,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.transformer.lm import Config, Params, forward, init_params
+from spmd_guide.transformer.lm import Config, Params, check_params, forward, param_shapes
 from spmd_guide.transformer.transformer import STRATEGIES, Strategy
 
 __all__ = ["SERVED", "CacheWriter", "Server", "abstract_params", "cache_bytes",
@@ -201,26 +201,10 @@ class Server:
         return [{"k": one, "v": one} for _ in range(c.n_layers)]
 
 
-@functools.cache
-def _param_shapes(config: Config) -> tuple[Any, list[tuple[str, tuple[int, ...]]]]:
-    shapes = jax.eval_shape(functools.partial(init_params, config=config), jax.random.key(0))
-    return jax.tree.structure(shapes), [(jax.tree_util.keystr(p), tuple(x.shape)) for p, x in
-                                        jax.tree_util.tree_leaves_with_path(shapes)]
-
-
 def _check_params(params: Params, config: Config) -> None:
-    """``params`` must be the pytree ``init_params(key, config)`` makes, leaf for leaf."""
-    leaves = checks.array_tree("params", params)
-    structure, shapes = _param_shapes(config)
-    if jax.tree.structure(params) != structure:
-        raise checks.InputError(
-            f"params must have the structure init_params(key, config) returns for this config "
-            f"({config.n_layers} block(s)), got {jax.tree.structure(params)}.")
-    for (path, shape), leaf in zip(shapes, leaves, strict=True):
-        if tuple(leaf.shape) != shape:
-            raise checks.InputError(
-                f"params{path} has shape {tuple(leaf.shape)}, but config needs {shape}: were "
-                f"the parameters made for another Config?")
+    """``params`` must be the pytree ``init_params(key, config)`` makes (the model's check)."""
+    checks.array_tree("params", params)
+    check_params(params, config)
 
 
 def _fast() -> dict[str, Any] | None:
@@ -407,7 +391,9 @@ def recompute_generate(params: Params, prompt: Any, *, config: Config, steps: in
 def abstract_params(config: Config, srv: Server) -> Params:
     """The parameters of ``config`` as ``jax.ShapeDtypeStruct``s laid out as ``srv`` places
     them: a model of any size, nothing allocated."""
-    shapes = jax.eval_shape(functools.partial(init_params, config=config), jax.random.key(0))
+    dtype = jnp.dtype(config.dtype)
+    shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
+                          is_leaf=lambda x: isinstance(x, tuple))
     shardings = (jax.tree.map(lambda _: srv.sharding("tokens"), shapes) if srv.mesh is None
                  else srv.strategy.shardings(shapes, srv.mesh))
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
