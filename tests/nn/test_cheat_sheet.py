@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import pytest
@@ -108,7 +109,44 @@ def test_spec_text_and_family():
     assert cheat_sheet.per_layer(["P()", "X", "X", "P()"]) == "L0: P()\nL1-2: X\nL3: P()"
 
 
+_MESH = jax.make_mesh((2, 2), ("a", "b"), devices=DEVICES[:4])
+
+
 @pytest.mark.parametrize(("call", "error", "word"), [
+    # issue #27: a lone string is not a list of layers, names or layouts
+    (lambda: cheat_sheet.per_layer("P('a')"), InputTypeError, "wrap it: [\"P('a')\"]"),
+    (lambda: cheat_sheet.per_layer([]), InputError, "non-empty"),
+    (lambda: cheat_sheet.per_layer(["P()", 3]), InputTypeError, "spec strings"),
+    (lambda: cheat_sheet.per_layer(None), InputError, "specs"),
+    (lambda: cheat_sheet.cheat_sheet("dp"), InputTypeError, "wrap it: ['dp']"),
+    (lambda: cheat_sheet.cheat_sheet([]), InputError, "at least one strategy"),
+    (lambda: cheat_sheet.cheat_sheet(["dp", "zero"]), InputError, "unknown strategy 'zero'"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], devices="cpu"), InputTypeError, "jax.Device"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], devices=[0, 1]), InputTypeError, "jax.Device"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], devices=_MESH), InputTypeError, "got a Mesh"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], batch_size=16.0), InputTypeError, "batch_size"),
+    (lambda: cheat_sheet.cheat_sheet(["dp"], layer_sizes="16 64"), InputTypeError, "layer_sizes"),
+    (lambda: cheat_sheet.layout("dp", *_model(), learning_rate=0), InputError, "learning_rate"),
+    (lambda: cheat_sheet.layout("dp", "params", _model()[1]), InputTypeError, "params"),
+    (lambda: cheat_sheet.spec_text("P('a')", 2), InputTypeError, "Sharding"),
+    (lambda: cheat_sheet.spec_text(jax.sharding.NamedSharding(_MESH, P("a")), -1), InputError,
+     "ndim"),
+    (lambda: cheat_sheet.spec_of(jax.sharding.NamedSharding(_MESH, P("a", "b")), 1), InputError,
+     "ndim"),
+    (lambda: cheat_sheet.family("batch=8", "P('batch', None)", ["P()"]), InputTypeError,
+     "mesh_shape"),
+    (lambda: cheat_sheet.family({"batch": 0}, "P('batch', None)", ["P()"]), InputError,
+     "mesh_shape['batch']"),
+    (lambda: cheat_sheet.family({"batch": 8}, P("batch"), ["P()"]), InputTypeError, "batch_spec"),
+    (lambda: cheat_sheet.family({"batch": 8}, "P('batch', None)", "P()"), InputTypeError,
+     "weight_specs"),
+    (lambda: cheat_sheet.sheet_table(_layout("dp", 2, (8, 8))), InputTypeError, "one Layout"),
+    (lambda: cheat_sheet.sheet_table(["dp"]), InputTypeError, "Layout objects"),
+    (lambda: cheat_sheet.notes("dp"), InputError, "at least one layout"),
+    (lambda: _layout("dp", 2, (8, 8)).row(full_name="no"), InputTypeError, "full_name"),
+    (lambda: cheat_sheet.gradient_program("loss"), InputTypeError, "loss"),
+    (lambda: cheat_sheet.adam_state_shardings("params"), InputTypeError, "params"),
+    (lambda: cheat_sheet.pinned_init("adamw", _model()[0]), InputTypeError, "GradientTransformation"),
     (lambda: cheat_sheet.layout("zero", *_model()), InputError, "strategy"),
     (lambda: cheat_sheet.cheat_sheet(["dp"], layer_sizes=[8]), InputError, "layer_sizes"),
     (lambda: cheat_sheet.cheat_sheet(["dp"], batch_size=0), InputError, "batch_size"),
@@ -120,8 +158,22 @@ def test_spec_text_and_family():
     (lambda: cheat_sheet.layout("fsdp", *_model(batch_size=6), devices=DEVICES[:4]), ValueError, "6"),
 ])
 def test_bad_input(call, error, word):
-    with pytest.raises(error, match=word):
+    with pytest.raises(error, match=re.escape(word)):
         call()
+
+
+def test_numpy_scalars_and_arrays_work_where_python_ones_do():
+    import numpy as np
+
+    assert cheat_sheet.family({"batch": np.int64(8)}, "P('batch', None)",
+                              np.array(["P()"])) == "DP"
+    assert cheat_sheet.per_layer(np.array(["P()", "X"])) == "L0: P()\nL1: X"
+    sharding = jax.sharding.NamedSharding(_MESH, P("a"))
+    assert cheat_sheet.spec_text(sharding, np.int32(2)) == "P('a', None)"
+    assert cheat_sheet.spec_of(sharding, np.int64(2)) == P("a", None)
+    lay = cheat_sheet.layout("dp", *_model(sizes=(8, 8)), devices=np.array(DEVICES[:2]),
+                             learning_rate=np.float32(0.01))
+    assert lay.mesh_shape == {"batch": 2} and lay == _layout("dp", 2, (8, 8))
 
 
 def test_notes_follow_the_layouts():

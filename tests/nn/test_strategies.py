@@ -346,6 +346,10 @@ _BAD_BATCH = nn.make_regression_batch(jax.random.key(1), 16, 8, 8)
 @pytest.mark.parametrize(("call", "error", "word"), [
     (lambda s, m: s.mesh_shape(0), checks.InputError, "at least 1"),
     (lambda s, m: s.mesh([]), checks.InputError, "empty list"),
+    (lambda s, m: s.mesh("cpu"), checks.InputTypeError, "list of jax.Device"),
+    (lambda s, m: s.mesh(8), checks.InputTypeError, "list of jax.Device"),
+    (lambda s, m: s.mesh([0, 1]), checks.InputTypeError, "jax.Device objects"),
+    (lambda s, m: s.mesh(m), checks.InputTypeError, "list(mesh.devices.flat)"),
     (lambda s, m: s.shard(_BAD_PARAMS, {"x": _BAD_BATCH[0], "y": _BAD_BATCH[1]}, m),
      checks.InputTypeError, "batch['x']"),
     (lambda s, m: s.shard(_BAD_PARAMS, _BAD_BATCH, "mesh"), checks.InputTypeError, "Mesh"),

@@ -22,11 +22,12 @@ Only the public face of a strategy is used (``name``, ``kind``, ``summary``, ``a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
@@ -51,6 +52,8 @@ def spec_text(sharding: Any, ndim: int) -> str:
     replicated layout reads ``P()``; everything on one device reads ``"device 0 only"``. Any other
     sharding is shown as JAX prints it.
     """
+    checks.sharding("sharding", sharding)
+    ndim = checks.count("ndim", ndim, minimum=0)
     if isinstance(sharding, SingleDeviceSharding):
         (device,) = sharding.device_set
         return f"device {device.id} only"
@@ -76,8 +79,16 @@ def family(mesh_shape: dict[str, int], batch_spec: str, weight_specs: Sequence[s
 
     Two mesh axes of size > 1: ``"2-D"``. One: ``"DP"`` if the weights are replicated and the
     batch split, ``"FSDP"`` if weights and batch are split over the same axis, ``"TP"`` if the
-    weights are split and the batch's rows are not.
+    weights are split and the batch's rows are not. The specs are :func:`spec_text`'s text.
     """
+    if not isinstance(mesh_shape, Mapping) or not mesh_shape or not all(
+            isinstance(a, str) for a in mesh_shape):
+        raise checks.InputTypeError(
+            f"mesh_shape must map axis names to sizes, such as dict(mesh.shape), got "
+            f"{mesh_shape!r:.60}.")
+    mesh_shape = {a: checks.count(f"mesh_shape[{a!r}]", n) for a, n in mesh_shape.items()}
+    batch_spec = _spec_string("batch_spec", batch_spec)
+    weight_specs = _strings("weight_specs", weight_specs)
     used = [a for a, n in mesh_shape.items() if n > 1]
     if len(used) > 1:
         return "2-D"
@@ -137,6 +148,7 @@ class Layout:
         column. ``full_name=False`` leaves the family, kind and mesh out of the strategy cell
         (shown once, in the first table).
         """
+        full_name = checks.flag("full_name", full_name)
         used = "\n".join(f"{n} {k}" for k, n in self.collective_counts.items() if n) or "none"
         mesh = " x\n".join(f"{a}={n}" for a, n in self.mesh_shape.items())
         name = (f"{self.strategy}\n{self.family}, {self.kind}\n{mesh}" if full_name
@@ -157,8 +169,65 @@ class Layout:
         }
 
 
+def _strings(name: str, values: Any) -> tuple[str, ...]:
+    """A non-empty list of strings, one per layer; refuses a lone string (whose characters
+    would be read as layers) with the fix."""
+    if isinstance(values, (str, bytes)):
+        raise checks.InputTypeError(
+            f"{name} must be a list with one spec per layer, got the string {values!r:.60}; "
+            f"wrap it: [{values!r:.40}].")
+    if not isinstance(values, (Sequence, np.ndarray)) or not len(values):
+        raise checks.InputError(
+            f"{name} must be a non-empty list of spec strings, one per layer, got {values!r:.60}.")
+    items = tuple(values)
+    bad = next((v for v in items if not isinstance(v, str)), None)
+    if bad is not None:
+        raise checks.InputTypeError(
+            f"{name} must hold spec strings such as \"P('batch', None)\" (spec_text makes "
+            f"them), got {bad!r:.60}.")
+    return tuple(str(v) for v in items)
+
+
+def _spec_string(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise checks.InputTypeError(
+            f"{name} must be a spec string such as \"P('batch', None)\" (spec_text makes it), "
+            f"got {value!r:.60}.")
+    return str(value)
+
+
+def _layouts(name: str, layouts: Any) -> list[Layout]:
+    """A non-empty list of :class:`Layout` (as :func:`cheat_sheet` returns)."""
+    if isinstance(layouts, Layout):
+        raise checks.InputTypeError(
+            f"{name} must be a list of layouts, got one Layout; wrap it: [layout].")
+    if not isinstance(layouts, Sequence) or isinstance(layouts, (str, bytes)) or not layouts:
+        raise checks.InputError(
+            f"{name} needs at least one layout (a list, as cheat_sheet() returns), got "
+            f"{layouts!r:.60}.")
+    bad = next((lay for lay in layouts if not isinstance(lay, Layout)), None)
+    if bad is not None:
+        raise checks.InputTypeError(
+            f"{name} must hold Layout objects from layout() or cheat_sheet(), got {bad!r:.60}.")
+    return list(layouts)
+
+
+def _names(name: str, values: Any) -> list[str]:
+    """Strategy names, each one of ``nn.STRATEGIES``; refuses a lone string."""
+    if isinstance(values, (str, bytes)):
+        raise checks.InputTypeError(
+            f"{name} must be a list of strategy names, got the string {values!r}; wrap it: "
+            f"[{values!r}].")
+    if not isinstance(values, (Sequence, np.ndarray)) or not len(values):
+        raise checks.InputError(
+            f"{name} must name at least one strategy, e.g. ['dp'], got {values!r:.60}.")
+    return [checks.one_of("strategy", str(v) if isinstance(v, np.str_) else v, nn.STRATEGIES)
+            for v in values]
+
+
 def per_layer(specs: Sequence[str]) -> str:
     """One spec if every layer has it, else ``"L0: ..."`` lines grouping equal neighbours."""
+    specs = _strings("specs", specs)
     if len(set(specs)) == 1:
         return specs[0]
     lines, start = [], 0
@@ -177,9 +246,13 @@ def _pairs(shardings: Sequence[tuple[Any, Any]], params: nn.Params) -> tuple[tup
     )
 
 
-@functools.cache
 def gradient_program(loss: nn.LossFn) -> Callable[..., Any]:
     """``jax.jit(jax.grad(loss))``, one per loss function, so asking again compiles nothing."""
+    return _gradient_program(checks.function("loss", loss))
+
+
+@functools.cache
+def _gradient_program(loss: nn.LossFn) -> Callable[..., Any]:
     return jax.jit(jax.grad(loss))
 
 
@@ -206,6 +279,7 @@ def adam_state_shardings(params: nn.Params, *, how: str = "jit") -> tuple[Any, A
     ``out_shardings`` taken from the parameters (:func:`pinned_init`).
     """
     checks.one_of("how", how, ("jit", "eager", "pinned"))
+    checks.array_tree("params", params)
     optimizer = adamw()
     if how == "eager":
         state = optimizer.init(params)
@@ -222,6 +296,10 @@ def pinned_init(optimizer: Any, params: nn.Params) -> Any:
     """
     import optax
 
+    if not callable(getattr(optimizer, "init", None)):
+        raise checks.InputTypeError(
+            f"optimizer must be an optax GradientTransformation such as optax.adamw(1e-3), "
+            f"got {optimizer!r:.60}.")
     leaves = checks.array_tree("params", params)
     if not all(isinstance(getattr(leaf, "sharding", None), NamedSharding) for leaf in leaves):
         raise checks.InputTypeError(
@@ -247,6 +325,7 @@ def layout(
     """Compile one strategy's programs on ``params``/``batch`` and read back every layout."""
     checks.one_of("strategy", name, nn.STRATEGIES)
     checks.array_tree("params", params)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     strategy = nn.STRATEGIES[name]
     mesh = strategy.mesh(devices)
     placed, placed_batch = strategy.shard(params, batch, mesh)
@@ -300,7 +379,7 @@ def cheat_sheet(
     devices: Sequence[jax.Device] | None = None,
 ) -> list[Layout]:
     """:func:`layout` of each strategy in ``names`` on one MLP (``layer_sizes``) and batch."""
-    names = [checks.one_of("strategy", n, nn.STRATEGIES) for n in names]
+    names = _names("names", names)
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batch_size = checks.count("batch_size", batch_size)
     params = nn.init_mlp(jax.random.key(0), sizes)
@@ -329,8 +408,7 @@ def sheet_table(layouts: Sequence[Layout], *, part: str | None = None) -> Table:
     ``"step"``: collectives, bytes sent, and AdamW's state bare and pinned; ``None``: every
     column. Only the first part names each strategy's family, kind and mesh.
     """
-    if not layouts:
-        raise checks.InputError("sheet_table needs at least one layout, got none.")
+    layouts = _layouts("layouts", layouts)
     if part is None:
         return Table([lay.row() for lay in layouts])
     columns = COLUMNS[checks.one_of("part", part, COLUMNS)]
@@ -342,10 +420,11 @@ def spec_of(sharding: Any, ndim: int) -> P:
     """The :class:`~jax.sharding.PartitionSpec` behind :func:`spec_text` (for tests and readers)."""
     if not isinstance(sharding, NamedSharding):
         raise checks.InputTypeError(f"expected a NamedSharding, got {type(sharding).__name__}.")
+    ndim = checks.count("ndim", ndim, minimum=len(sharding.spec))
     return P(*(list(sharding.spec) + [None] * (ndim - len(sharding.spec))))
 
 
-def _names(layouts: Sequence[Layout]) -> str:
+def _listed(layouts: Sequence[Layout]) -> str:
     return ", ".join(f"`{lay.strategy}`" for lay in layouts)
 
 
@@ -355,8 +434,7 @@ def notes(layouts: Sequence[Layout]) -> str:
 
     The page glues these rather than typing them, so they stay true as the strategies change.
     """
-    if not layouts:
-        raise checks.InputError("notes needs at least one layout, got none.")
+    layouts = _layouts("layouts", layouts)
     sentences = []
     for attribute, (one, many) in (
         ("grads_match_params", ("its gradients", "their gradients")),
@@ -369,15 +447,15 @@ def notes(layouts: Sequence[Layout]) -> str:
         else:
             single = len(kept) <= 1  # "No strategy gets", "`dp` gets", "`dp`, `tp` get"
             sentences.append(
-                f"{_names(kept) or 'No strategy'} get{'s' if single else ''} "
+                f"{_listed(kept) or 'No strategy'} get{'s' if single else ''} "
                 f"{one if single else many} back in the parameters' own layout; "
-                f"{_names(drift)} {'does' if len(drift) == 1 else 'do'} not, and a training "
+                f"{_listed(drift)} {'does' if len(drift) == 1 else 'do'} not, and a training "
                 f"step built on {'it' if len(drift) == 1 else 'them'} should pin the layout "
                 "(`out_shardings`) or pay a reshard.")
     adam = [lay for lay in layouts if not lay.adam_matches_params]
     if adam:
         where = sorted({s for lay in adam for pair in lay.adam_mu for s in pair})
-        who = "any strategy" if len(adam) == len(layouts) else _names(adam)
+        who = "any strategy" if len(adam) == len(layouts) else _listed(adam)
         sentences.append(
             f"AdamW's state initialised under a bare `jax.jit` is *not* laid out like the "
             f"parameters for {who}: it lands as {', '.join(where)}.")

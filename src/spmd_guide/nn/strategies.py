@@ -43,6 +43,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -99,7 +100,7 @@ class Strategy:
         propagates shardings. (A mesh with the same axis names and Explicit axes works with
         every method too; see the module's notes.)
         """
-        devices = list(jax.devices() if devices is None else devices)
+        devices = device_list(devices)
         if not devices:
             raise checks.InputError(f"strategy {self.name!r}: got an empty list of devices.")
         return build_mesh(self.mesh_shape(len(devices)), self.axis_names, devices=devices)
@@ -210,6 +211,28 @@ class Strategy:
         for i, ((w, b), (w_spec, b_spec)) in enumerate(zip(params, self.param_specs(params), strict=True)):
             _check_split(self.name, f"layer {i}'s W", w.shape, w_spec, mesh, ("layer width",) * 2)
             _check_split(self.name, f"layer {i}'s b", b.shape, b_spec, mesh, ("layer width",))
+
+
+def device_list(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
+    """``devices`` as a list (default: ``jax.devices()``), refusing what is not a sequence of
+    ``jax.Device`` (a string, a count, a mesh) with a message that shows the fix."""
+    if devices is None:
+        return list(jax.devices())
+    if isinstance(devices, Mesh):
+        raise checks.InputTypeError(
+            "devices must be a list of devices, got a Mesh; pass list(mesh.devices.flat), or "
+            "jax.devices()[:k].")
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"devices must be a list of jax.Device such as jax.devices()[:4], got "
+            f"{devices!r:.60}.")
+    listed = list(np.ravel(np.asarray(devices, dtype=object))) if isinstance(
+        devices, np.ndarray) else list(devices)
+    bad = next((d for d in listed if not isinstance(d, jax.Device)), None)
+    if bad is not None:
+        raise checks.InputTypeError(
+            f"devices must hold jax.Device objects (from jax.devices()), got {bad!r:.60}.")
+    return listed
 
 
 def _trimmed(spec: P) -> P:

@@ -64,6 +64,9 @@ def training_state_bytes(param_bytes: int, *, optimizer_slots: int = 2) -> int:
 def data_axis_size(batch: int, n_devices: int, *, min_batch_per_device: int = 1) -> int:
     """The largest divisor ``d`` of ``n_devices`` that splits ``batch`` evenly with at least
     ``min_batch_per_device`` examples per device (1 if none does)."""
+    batch = checks.count("batch", batch)
+    n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
+    min_batch_per_device = checks.count("min_batch_per_device", min_batch_per_device)
     best = 1
     for d in range(1, n_devices + 1):
         if n_devices % d == 0 and batch % d == 0 and batch // d >= min_batch_per_device:
@@ -284,9 +287,17 @@ def measure_traffic(
 ) -> list[Traffic]:
     """One :class:`Traffic` per strategy and batch size: the compiled SGD step's bytes sent
     (ring model, :func:`spmd_guide.core.hlo.report`) and the parameter bytes each device holds."""
+    if isinstance(names, (str, bytes)):
+        raise checks.InputTypeError(
+            f"names must be a list of strategy names, got the string {names!r}; wrap it: "
+            f"[{names!r}].")
+    if not isinstance(names, Sequence) or not names:
+        raise checks.InputError(f"names must name at least one strategy, e.g. ['dp'], got "
+                                f"{names!r:.60}.")
     names = [checks.one_of("strategy", n, nn.STRATEGIES) for n in names]
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batches = checks.counts("batch_sizes", batch_sizes)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     params = nn.init_mlp(jax.random.key(0), sizes)
     total = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
     rows = []
