@@ -145,7 +145,7 @@ def phase_rows(steps: Sequence[StepCounts], chip: str = "h100-sxm") -> list[dict
             "MB read": f"{BYTE_SCALE * step.bytes_read / 1e6:.4g}",
             "FLOP/B": _number(step.intensity / BYTE_SCALE),
             "sent": hlo.format_bytes(BYTE_SCALE * step.comm_bytes),
-            f"{chip} ms": f"{e.step_s * 1e3:.3g}", "bound": e.bound,
+            f"predicted ms, {chip}": f"{e.step_s * 1e3:.3g}", "bound": e.bound,
             "µs per new token": f"{e.step_s * 1e6 / step.new_tokens:.3g}"})
     return rows
 
@@ -224,7 +224,7 @@ def chip_rows(line: Line, step: StepCounts, chips: Sequence[str] = tuple(rooflin
         e = step.estimate(key)
         with_cache = critical_batch(line, key)
         rows.append({"chip": key, "ridge FLOP/B": f"{roofline.get_chip(key).ridge:.0f}",
-                     f"ms/token, batch {step.batch}": f"{e.step_s * 1e3:.3g}",
+                     f"predicted ms/token, batch {step.batch}": f"{e.step_s * 1e3:.3g}",
                      "bound": e.bound,
                      "critical batch, weights only":
                          f"{critical_batch(line, key, with_cache=False):.0f}",
