@@ -153,3 +153,52 @@ def test_bad_inputs():
         anatomy.write_plan({"a": np.zeros(3)})
     with pytest.raises(InputTypeError, match="sharding"):
         anatomy.bytes_per_device({"a": jax.ShapeDtypeStruct((3,), np.float32)})
+
+
+# ---------------------------------------------------------------------------- the exercises
+
+PAGE_CONFIG = lm.Config(vocab=128, d_model=128, n_heads=4, d_ff=512, n_layers=1, seq_len=16)
+
+
+def test_exercise_fsdp_writes_what_it_holds():
+    like = training.state_like(PAGE_CONFIG, strategy="fsdp", n_devices=8)
+    state = jax.tree.map(lambda x: jax.numpy.zeros(x.shape, x.dtype, device=x.sharding),
+                         {"params": like["params"], "opt_state": like["opt_state"]})
+    rows = anatomy.write_plan(state)
+    count = 4  # Adam's step count, on every device, written once by device 0
+    assert [r["bytes written"] for r in rows] == \
+        [rows[0]["holds"]] + [r["holds"] - count for r in rows[1:]]
+    fsdp_tp = training.state_like(PAGE_CONFIG, strategy="fsdp_tp", n_devices=8)
+    assert anatomy.state_bytes(like) == anatomy.state_bytes(fsdp_tp) == \
+        sum(r["bytes written"] for r in rows) + 5 * 4  # (the data position is not saved here)
+
+
+def test_exercise_tiny_pieces_cost_more_than_their_bytes(tmp_path):
+    s = transformer.STRATEGIES["fsdp_tp"]
+    params = lm.init_params(jax.random.key(0), lm.Config())
+    params = jax.device_put(params, s.shardings(params, s.mesh(DEVICES)))
+    checkpoint.save(tmp_path, params, step=0)
+    on_disk = sum(r["bytes"] for r in anatomy.files(tmp_path / "0"))
+    assert on_disk > 2 * anatomy.state_bytes(params)
+    assert max(math.prod(v.chunk_shape) * 4 for v in checkpoint.saved_arrays(tmp_path).values()) \
+        <= 1024
+
+
+def test_exercise_whole_chunks_read_once(tmp_path):
+    saved_like = training.state_like(PAGE_CONFIG, strategy="fsdp_tp", n_devices=8)
+    checkpoint.save(tmp_path, jax.tree.map(
+        lambda x: jax.numpy.zeros(x.shape, x.dtype, device=x.sharding), saved_like), step=0)
+    ratio = {}
+    for strategy, n in [("fsdp_tp", 8), ("tp", 4), ("fsdp", 2), ("dp", 1)]:
+        r = anatomy.read_summary(tmp_path, like=training.state_like(
+            PAGE_CONFIG, strategy=strategy, n_devices=n))
+        ratio[strategy, n] = r["chunk bytes read"] / r["state bytes"]
+    assert ratio[("fsdp_tp", 8)] == ratio[("fsdp", 2)] == ratio[("dp", 1)] == 1
+    assert ratio[("tp", 4)] > 1.5
+
+
+def test_exercise_fewest_v5e_chips():
+    big = lm.Config(vocab=32768, d_model=2048, n_heads=16, d_ff=8192, n_layers=24, seq_len=2048)
+    fits = {n: anatomy.fits(training.state_like(big, strategy="fsdp", n_devices=n),
+                            "tpu-v5e")["fits"] for n in (1, 2)}
+    assert fits == {1: False, 2: True}

@@ -155,6 +155,12 @@ def test_resuming_refuses_what_cannot_continue_the_run(tmp_path):
     assert checkpoint.steps(run) == [2]
 
 
+def test_exercise_save_every(tmp_path):
+    training.train_lm(CONFIG, strategy="fsdp", n_devices=8, steps=10, save_every=4,
+                      checkpoint_dir=tmp_path, **KW)
+    assert checkpoint.steps(tmp_path) == [4, 8, 10]
+
+
 def test_max_abs_difference_and_steps_per_epoch():
     assert training.max_abs_difference([1.0, 2.0], [1.0, 2.5]) == 0.5
     with pytest.raises(InputError, match="same length"):

@@ -30,8 +30,8 @@ from spmd_guide.checkpointing import checkpoint
 from spmd_guide.core import checks
 from spmd_guide.rooflines.roofline import Chip, get_chip
 
-__all__ = ["bytes_per_device", "files", "fits", "read_plan", "read_summary", "state_bytes",
-           "write_plan", "written_pieces"]
+__all__ = ["bytes_per_device", "files", "fits", "layouts", "listing", "read_plan",
+           "read_summary", "state_bytes", "write_plan", "written_pieces"]
 
 
 def _index_bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int],
@@ -85,6 +85,35 @@ def fits(tree: Any, chip: str | Chip) -> dict[str, Any]:
     most = max(held.values())
     return {"chip": chip.key, "devices": len(held), "most per device": most,
             "hbm": int(chip.hbm_bytes), "fits": most <= chip.hbm_bytes}
+
+
+def _spec_text(sharding: Any) -> str:
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return type(sharding).__name__
+    return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
+
+
+def layouts(tree: Any, *, names: Any = None) -> list[dict[str, Any]]:
+    """One row per leaf (or per leaf named in ``names``, in that order): its shape, the mesh
+    and ``PartitionSpec`` that lay it out, the shape of each device's piece and how many
+    devices hold each piece."""
+    leaves = dict(_laid_out("tree", tree))
+    if names is not None:
+        names = [checks.one_of("leaf name", n, leaves) for n in names]
+    rows = []
+    for name in names if names is not None else leaves:
+        x = leaves[name]
+        mesh = getattr(x.sharding, "mesh", None)
+        pieces = len({_index_bounds(i, tuple(x.shape)) for i in
+                      x.sharding.devices_indices_map(tuple(x.shape)).values()})
+        rows.append({"leaf": name, "shape": tuple(x.shape),
+                     "mesh": " x ".join(f"{k}={v}" for k, v in mesh.shape.items())
+                     if mesh is not None else f"{len(x.sharding.device_set)} device(s)",
+                     "spec": _spec_text(x.sharding),
+                     "piece": tuple(x.sharding.shard_shape(tuple(x.shape))),
+                     "copies": len(x.sharding.device_set) // pieces})
+    return rows
 
 
 # --------------------------------------------------------------------------- writing
@@ -157,6 +186,28 @@ def _role(relative: pathlib.PurePath) -> str:
     if parts[-1] == "manifest.ocdbt" or (len(parts) > 1 and parts[-2] == "d"):
         return "merged index of all processes' data"
     return "metadata: tree, shapes, dtypes, saved shardings"
+
+
+def listing(step_directory: Any) -> str:
+    """The tree of one saved step as text, each file with its size; a directory of data
+    files named by hashes (OCDBT's ``d/``) is one line with its count and total."""
+    path = pathlib.Path(checkpoint._directory(step_directory, must_exist=True))
+    lines = [f"{path.name}/"]
+
+    def walk(folder: pathlib.Path, depth: int) -> None:
+        pad = "  " * depth
+        for entry in sorted(folder.iterdir(), key=lambda p: (p.is_dir(), p.name)):
+            if entry.is_dir() and entry.name == "d":
+                sizes = [f.stat().st_size for f in entry.iterdir()]
+                lines.append(f"{pad}d/  ({len(sizes)} data files, {sum(sizes):,} bytes)")
+            elif entry.is_dir():
+                lines.append(f"{pad}{entry.name}/")
+                walk(entry, depth + 1)
+            else:
+                lines.append(f"{pad}{entry.name}  ({entry.stat().st_size:,} bytes)")
+
+    walk(path, 1)
+    return "\n".join(lines)
 
 
 def files(step_directory: Any) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 :func:`killed_save` starts a fresh Python on ``n_devices`` CPU devices that restores the
 latest step of a checkpoint directory in the layout it was saved in, starts saving the next
 step (:func:`spmd_guide.checkpointing.checkpoint.start_save`) and, as soon as the save is
-under way, kills itself with ``SIGKILL``: the signal no program can catch, the one a
+under way, kills itself with ``SIGKILL`` (:func:`_child`): the signal no program can catch, the one a
 preempted or out-of-memory machine ends with. What it leaves behind is a temporary step
 directory that was never renamed, so the latest *complete* step is still the one before.
 """
@@ -24,18 +24,21 @@ from spmd_guide.core import checks
 
 __all__ = ["KilledSave", "killed_save"]
 
-_CHILD = """
-import json, os, signal, sys
-directory, step, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-from spmd_guide import ensure_devices
-ensure_devices(n)
-import jax
-from spmd_guide.checkpointing import checkpoint
-state = checkpoint.restore(directory, like=checkpoint.saved_layout(directory))
-checkpoint.start_save(directory, jax.tree.map(lambda x: x + 1, state), step=step)
-print(json.dumps(sorted(os.listdir(directory))), flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
+
+def _child(directory: str, step: int, n_devices: int) -> None:
+    """What the killed process runs (in a fresh Python, so JAX starts with ``n_devices``)."""
+    from spmd_guide import ensure_devices
+    ensure_devices(n_devices)
+    import jax
+
+    state = checkpoint.restore(directory, like=checkpoint.saved_layout(directory))
+    checkpoint.start_save(directory, jax.tree.map(lambda x: x + 1, state), step=step)
+    print(json.dumps(sorted(os.listdir(directory))), flush=True)  # what it sees, then:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+_RUN_CHILD = "import sys; from spmd_guide.checkpointing.crash import _child; " \
+             "_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))"
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,8 @@ def killed_save(directory: Any, *, step: int, n_devices: int = 8,
     if step in checkpoint.steps(path):
         raise checks.InputError(f"step {step} is already complete in {str(path)!r}.")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(step), str(n_devices)],
+    proc = subprocess.run([sys.executable, "-c", _RUN_CHILD, str(path), str(step),
+                           str(n_devices)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     if proc.returncode >= 0 or not proc.stdout.strip():
         raise RuntimeError(f"the child was expected to die by a signal mid-save; it exited "

@@ -49,7 +49,7 @@ class Run:
 
     strategy: transformer.Strategy
     mesh: Mesh
-    init: Any          # compiled: key -> (params, opt_state), laid out
+    init: Any          # key -> (params, opt_state), laid out
     step: Any          # compiled: (params, opt_state, tokens) -> (params, opt_state, loss)
     token_sharding: NamedSharding
     params: Any        # jax.ShapeDtypeStruct leaves with the strategy's shardings
@@ -67,13 +67,31 @@ def prepare(config: lm.Config, *, strategy: str, n_devices: int, batch: int) -> 
     """Check that ``strategy`` can split the model and a batch of ``batch`` sequences on the
     first ``n_devices`` devices, and compile its training step (once per strategy, device
     count and config in a process). Raises before anything runs or touches the disk."""
+    return _prepare(*_check_run(config, strategy, n_devices, batch))
+
+
+def _check_run(config: Any, strategy: Any, n_devices: Any, batch: Any
+               ) -> tuple[lm.Config, str, int, int]:
+    """The arguments of a run, checked: the strategy splits the model and a batch of
+    ``batch`` sequences on the first ``n_devices`` devices (nothing compiled)."""
     config = _check_config(config)
     name = checks.one_of("strategy", strategy, transformer.STRATEGIES)
     n_devices = checks.count("n_devices", n_devices, maximum=len(jax.devices()))
     batch = checks.count("batch", batch)
-    return _prepare(config, name, n_devices, batch)
+    strategy_, mesh, _ = _layout(config, name, n_devices)
+    checks.spec_fits("a batch of tokens", (batch, config.seq_len + 1), strategy_.token_spec(),
+                     mesh)
+    return config, name, n_devices, batch
 
 
+@functools.cache
+def _shapes(config: lm.Config) -> Any:
+    """The parameters' shapes and dtypes as ``jax.ShapeDtypeStruct`` (nothing allocated)."""
+    return jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, np.dtype(config.dtype)),
+                        lm.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+
+
+@functools.cache
 def _layout(config: lm.Config, name: str, n_devices: int) -> tuple[transformer.Strategy, Mesh,
                                                                      Any]:
     """The strategy, its mesh on the first ``n_devices`` devices and the parameters' shapes,
@@ -81,7 +99,7 @@ def _layout(config: lm.Config, name: str, n_devices: int) -> tuple[transformer.S
     strategy = transformer.STRATEGIES[name]
     mesh = strategy.mesh(jax.devices()[:n_devices])
     strategy.check(config, mesh)
-    shapes = jax.eval_shape(functools.partial(lm.init_params, config=config), jax.random.key(0))
+    shapes = _shapes(config)
     for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(shapes),
                                   jax.tree.leaves(strategy.param_specs(shapes, mesh)),
                                   strict=True):
@@ -114,7 +132,6 @@ def _state(mesh: Mesh, params: Any, opt_state: Any) -> Any:
 def _prepare(config: lm.Config, name: str, n_devices: int, batch: int) -> Run:
     strategy, mesh, shapes = _layout(config, name, n_devices)
     token_spec = strategy.token_spec()
-    checks.spec_fits("a batch of tokens", (batch, config.seq_len + 1), token_spec, mesh)
     optimizer = lm.optimizer(LEARNING_RATE)
     trainer = transformer.train_step(strategy, mesh, config, shapes, optimizer=optimizer)
     params = _with_shardings(shapes, trainer.param_shardings)
@@ -123,15 +140,17 @@ def _prepare(config: lm.Config, name: str, n_devices: int, batch: int) -> Run:
     tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), np.int32, sharding=token_sharding)
 
     def init(key):
+        # lm's own init program on one device, placed from the host (a plain copy per
+        # device), then AdamW's state made in its layout
         params = lm.init_params(key, config)
-        return params, optimizer.init(params)
+        params = jax.device_put(jax.tree.map(np.asarray, params), trainer.param_shardings)
+        return params, trainer.init(params)
 
-    # Compiled once each, without LLVM's code optimisation (hlo.FAST_COMPILE: same HLO, same
-    # numbers; these programs are tiny and run a few times).
-    init = jax.jit(init, out_shardings=(trainer.param_shardings, trainer.state_shardings))
-    compile_ = functools.partial(hlo.compile, compiler_options=hlo.FAST_COMPILE)
-    return Run(strategy=strategy, mesh=mesh, init=compile_(init, jax.random.key(0)),
-               step=compile_(trainer.step, params, opt_state, tokens),
+    # The step is compiled here, once, without LLVM's code optimisation (hlo.FAST_COMPILE:
+    # the same HLO and numbers; these programs are tiny and run a few times).
+    step = hlo.compile(trainer.step, params, opt_state, tokens,
+                       compiler_options=hlo.FAST_COMPILE)
+    return Run(strategy=strategy, mesh=mesh, init=init, step=step,
                token_sharding=token_sharding, params=params, opt_state=opt_state)
 
 
@@ -190,7 +209,7 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
     resume = checks.flag("resume", resume)
     if save_every is not None:
         save_every = checks.count("save_every", save_every)
-    run = prepare(config, strategy=strategy, n_devices=n_devices, batch=batch)
+    config, name, n_devices, batch = _check_run(config, strategy, n_devices, batch)
     if checkpoint_dir is None:
         if resume or save_every is not None:
             raise checks.InputError(
@@ -203,18 +222,21 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
                 f"resume=True to continue that run, or give an empty directory.")
     asked = {"seed": seed, "batch": batch, "examples": examples}
 
-    if resume:
+    if resume:  # restored and checked before anything is compiled
         start = checkpoint.latest_step(checkpoint_dir)
         if start is None:
             raise checks.InputError(
                 f"resume=True, but checkpoint_dir {str(checkpoint_dir)!r} holds no complete "
                 f"checkpoint to resume from.")
-        state = checkpoint.restore(checkpoint_dir, like=abstract_state(run), step=start)
+        state = checkpoint.restore(checkpoint_dir, step=start, like=state_like(
+            config, strategy=name, n_devices=n_devices))
         where = _position(state["data"])
         _check_resume(where, asked, f"step {start} of {str(checkpoint_dir)!r}")
         params, opt_state = state["params"], state["opt_state"]
         epoch, position = where["epoch"], where["position"]
+        run = _prepare(config, name, n_devices, batch)
     else:
+        run = _prepare(config, name, n_devices, batch)
         start, epoch, position = 0, 0, 0
         params, opt_state = run.init(jax.random.key(seed))
 
