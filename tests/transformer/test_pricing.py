@@ -83,3 +83,18 @@ def test_transformer_counts_match_the_closed_form_and_split_the_work_evenly():
     big = pricing.transformer_big_arrays(batch=batch, **config)
     assert big == {"attention scores, one layer": 4 * batch * 8 * s * s // 8,
                    "logits": 4 * batch * s * v // 8}
+
+
+def test_abstract_params_match_init_params():
+    import jax.numpy as jnp
+
+    config = pricing.transformer.Config(**SMALL)
+    real = pricing.transformer.init_params(jax.random.key(0), config)
+    abstract = pricing.abstract_params(config)
+    assert jax.tree.structure(abstract) == jax.tree.structure(real)
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(abstract)] == \
+        [(r.shape, r.dtype) for r in jax.tree.leaves(real)]
+    bf16 = pricing.abstract_params(pricing.transformer.Config(**SMALL, dtype="bfloat16"))
+    assert {a.dtype for a in jax.tree.leaves(bf16)} == {jnp.dtype("bfloat16")}
+    with pytest.raises(InputTypeError, match="config"):
+        pricing.abstract_params(SMALL)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.rooflines import roofline
-from spmd_guide.transformer import transformer
+from spmd_guide.transformer import lm, transformer
 
 #: The transformer the page prices: GPT-2-medium widths, two of its blocks, a 2048-token
 #: context (per-block counts scale with the layers; compile time does not).
@@ -52,13 +52,21 @@ def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
     return _transformer_counts(name, config, batch, roofline.as_devices(devices))
 
 
+def abstract_params(config: lm.Config) -> Any:
+    """``jax.ShapeDtypeStruct``s shaped as ``init_params(key, config)``'s parameters (the
+    tree of :func:`spmd_guide.transformer.lm.param_shapes`, in ``config.dtype``): a model
+    of any size, with nothing allocated."""
+    config = lm.check_config(config)
+    return jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, jnp.dtype(config.dtype)),
+                        lm.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+
+
 @functools.cache
 def _transformer_counts(name: str, config: Any, batch: int,
                         devices: tuple[jax.Device, ...]) -> roofline.Counts:
     strategy = transformer.STRATEGIES[name]
     mesh = strategy.mesh(list(devices))
-    shapes = jax.eval_shape(functools.partial(transformer.init_params, config=config),
-                            jax.random.key(0))
+    shapes = abstract_params(config)
     params = jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, strategy.shardings(shapes, mesh))
     tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), jnp.int32,
