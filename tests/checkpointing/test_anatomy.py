@@ -202,3 +202,18 @@ def test_exercise_fewest_v5e_chips():
     fits = {n: anatomy.fits(training.state_like(big, strategy="fsdp", n_devices=n),
                             "tpu-v5e")["fits"] for n in (1, 2)}
     assert fits == {1: False, 2: True}
+
+
+def test_explicit_axes_work_like_auto_axes(saved):
+    """Every function that reads a layout takes shardings on Explicit meshes as well."""
+    auto = checkpoint.saved_layout(saved)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), devices=DEVICES,
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    explicit = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, x.sharding.spec)
+        if isinstance(x.sharding, NamedSharding) else x.sharding), auto)
+    assert anatomy.bytes_per_device(explicit) == anatomy.bytes_per_device(auto)
+    assert anatomy.read_summary(saved, like=explicit) == anatomy.read_summary(saved, like=auto)
+    assert anatomy.layouts(explicit) == anatomy.layouts(auto)
+    arrays = checkpoint.restore(saved, like=explicit)
+    assert anatomy.write_plan(arrays) == anatomy.write_plan(_state())
