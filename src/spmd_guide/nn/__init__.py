@@ -5,6 +5,7 @@ on many devices.
 - `mlp`: the MLP, its losses, SGD with pinned layouts, a task to learn (nn/model).
 - `strategies`: the parallelism strategies, registry `STRATEGIES` (nn/auto_parallelism,
   nn/manual_parallelism).
+- `placement`: the checks and conversions the strategies share (devices, even splits).
 - `profiling`: a strategy against the reference; one step's collectives, memory and time.
 - `remat`: what the compiler keeps of FSDP's rematerialization (nn/manual_parallelism).
 - `cheat_sheet`: the PartitionSpec cheat sheet, read off compiled programs (nn/cheat_sheet).

@@ -36,15 +36,13 @@ each global batch with ``jax.make_array_from_process_local_data(sharding, local_
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -57,6 +55,13 @@ from spmd_guide.nn.mlp import (
     check_params,
     make_sgd_step,
     mlp_loss,
+)
+from spmd_guide.nn.placement import (
+    auto_twin,
+    check_device_count,
+    check_split,
+    device_list,
+    trimmed,
 )
 
 Specs = list[tuple[P, P]]
@@ -123,7 +128,7 @@ class Strategy:
         """
         self._check_mesh(mesh)
         return [
-            (NamedSharding(mesh, _trimmed(w_spec)), NamedSharding(mesh, _trimmed(b_spec)))
+            (NamedSharding(mesh, trimmed(w_spec)), NamedSharding(mesh, trimmed(b_spec)))
             for w_spec, b_spec in self.param_specs(check_params(params))
         ]
 
@@ -206,52 +211,16 @@ class Strategy:
                     f"with the same B, got x {tuple(x.shape)} and y {tuple(y.shape)}.")
         x, y = check_batch(params, batch)
         spec = self.batch_spec()
-        _check_split(self.name, "x", x.shape, spec, mesh, ("batch size", "input width"))
-        _check_split(self.name, "y", y.shape, spec, mesh, ("batch size", "output width"))
+        check_split(self.name, "x", x.shape, spec, mesh, ("batch size", "input width"))
+        check_split(self.name, "y", y.shape, spec, mesh, ("batch size", "output width"))
         for i, ((w, b), (w_spec, b_spec)) in enumerate(zip(params, self.param_specs(params), strict=True)):
-            _check_split(self.name, f"layer {i}'s W", w.shape, w_spec, mesh, ("layer width",) * 2)
-            _check_split(self.name, f"layer {i}'s b", b.shape, b_spec, mesh, ("layer width",))
-
-
-def device_list(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
-    """``devices`` as a list (default: ``jax.devices()``), refusing what is not a sequence of
-    ``jax.Device`` (a string, a count, a mesh) with a message that shows the fix."""
-    if devices is None:
-        return list(jax.devices())
-    if isinstance(devices, Mesh):
-        raise checks.InputTypeError(
-            "devices must be a list of devices, got a Mesh; pass list(mesh.devices.flat), or "
-            "jax.devices()[:k].")
-    if isinstance(devices, (str, bytes)) or not isinstance(devices, (Sequence, np.ndarray)):
-        raise checks.InputTypeError(
-            f"devices must be a list of jax.Device such as jax.devices()[:4], got "
-            f"{devices!r:.60}.")
-    listed = list(np.ravel(np.asarray(devices, dtype=object))) if isinstance(
-        devices, np.ndarray) else list(devices)
-    bad = next((d for d in listed if not isinstance(d, jax.Device)), None)
-    if bad is not None:
-        raise checks.InputTypeError(
-            f"devices must hold jax.Device objects (from jax.devices()), got {bad!r:.60}.")
-    return listed
-
-
-def _trimmed(spec: P) -> P:
-    entries = list(spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return P(*entries)
-
-
-def _auto_twin(mesh: Mesh) -> Mesh:
-    """``mesh`` with every axis Auto: the same devices and names (``mesh`` itself if so)."""
-    if all(t == AxisType.Auto for t in mesh.axis_types):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
+            check_split(self.name, f"layer {i}'s W", w.shape, w_spec, mesh, ("layer width",) * 2)
+            check_split(self.name, f"layer {i}'s b", b.shape, b_spec, mesh, ("layer width",))
 
 
 @functools.cache
 def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
-    auto = _auto_twin(mesh)
+    auto = auto_twin(mesh)
 
     def program(params: Params, batch: Batch) -> jax.Array:
         """The loss on Auto axes: constraints pin the parameters of a jit strategy (a
@@ -274,28 +243,6 @@ def _loss_fn(strategy: Strategy, mesh: Mesh) -> LossFn:
 
     loss_fn.__name__ = f"{strategy.name}_loss"
     return loss_fn
-
-
-def _check_split(
-    strategy: str, what: str, shape: tuple[int, ...], spec: P, mesh: Mesh, meanings: tuple[str, ...]
-) -> None:
-    """The even-split check (:func:`spmd_guide.core.checks.divisible`) for each dimension that
-    ``spec`` shards; ``meanings`` names each dimension for the message."""
-    for size, entry, meaning in zip(shape, spec, meanings, strict=False):
-        axes = checks.spec_axes(entry)
-        if not axes:
-            continue
-        parts = math.prod(mesh.shape[a] for a in axes)
-        over = " x ".join(f"{a!r} (size {mesh.shape[a]})" for a in axes)
-        checks.divisible(f"strategy {strategy!r}: the {meaning} of {what} {tuple(shape)}",
-                         size, parts, why=f"over mesh axis {over}")
-
-
-def _check_devices(strategy: str, n_devices: int, divisor: int, axis: str) -> None:
-    if n_devices % divisor:
-        raise checks.InputError(
-            f"strategy {strategy!r} needs a device count divisible by its {axis!r} axis size "
-            f"{divisor}, got {n_devices} devices; pass a multiple of {divisor} devices.")
 
 
 # --------------------------------------------------------------------------------------
@@ -340,7 +287,7 @@ class TwoAxisMesh(Strategy):
     model_size: int = 2
 
     def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
-        _check_devices(self.name, n_devices, self.model_size, self.axis_names[1])
+        check_device_count(self.name, n_devices, self.model_size, self.axis_names[1])
         return (n_devices // self.model_size, self.model_size)
 
 
