@@ -250,3 +250,16 @@ def test_untrained_model_starts_above_a_uniform_guess():
     tokens = lm.counting_task(jax.random.key(1), batch=16, config=config)
     loss = float(jax.jit(lm_loss, static_argnames="config")(params, tokens, config=config))
     assert lm.against_uniform(loss, config.vocab).startswith("above")
+
+
+def test_the_model_nests_inside_other_programs():
+    """init_params, counting_task and lm_loss are called inside jit, eval_shape and scan by
+    other Parts (checkpointing traces init_params): none may carry compile-only options."""
+    shapes = jax.eval_shape(functools.partial(init_params, config=CONFIG), jax.random.key(0))
+    assert shapes["embed"].shape == (CONFIG.vocab, CONFIG.d_model)
+    tokens = jax.eval_shape(lambda k: lm.counting_task(k, batch=2, config=CONFIG),
+                            jax.random.key(1))
+    assert tokens.shape == (2, CONFIG.seq_len + 1)
+    loss = jax.eval_shape(lambda k: lm_loss(init_params(k, CONFIG), lm.counting_task(
+        k, batch=2, config=CONFIG), config=CONFIG), jax.random.key(2))
+    assert loss.shape == ()

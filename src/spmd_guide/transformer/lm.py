@@ -182,11 +182,10 @@ def check_params(params: Params, config: Config) -> Params:
     return params
 
 
-@functools.partial(jax.jit, static_argnums=1, compiler_options=hlo.FAST_COMPILE)
+@functools.partial(jax.jit, static_argnums=1)
 def _init_params(key: jax.Array, config: Config) -> Params:
     # One compiled program and one random draw sliced into every weight: XLA:CPU compiles a
-    # random draw per weight (or an eager call per weight) many times slower. Compiled without
-    # LLVM's code optimization (run once: compile time is all that counts; same numbers).
+    # random draw per weight (or an eager call per weight) many times slower.
     c, dt = config, jnp.dtype(config.dtype)
     shapes = {"embed": ((c.vocab, c.d_model), 1), "pos": ((c.seq_len, c.d_model), 1),
               "unembed": ((c.d_model, c.vocab), c.d_model)}
@@ -363,7 +362,7 @@ def counting_task(key: jax.Array, *, batch: int, config: Config,
     return _counting_task(key, batch, config, strides)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2, 3), compiler_options=hlo.FAST_COMPILE)
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _counting_task(key: jax.Array, batch: int, config: Config,
                    strides: tuple[int, ...]) -> jax.Array:
     k1, k2 = jax.random.split(key)
