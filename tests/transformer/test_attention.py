@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -39,6 +41,72 @@ def test_explicit_mesh_input_already_sharded():
     np.testing.assert_allclose(out, _reference(x, x, x, causal=True), atol=1e-5)
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+@pytest.mark.parametrize("layout", attention.LAYOUTS)
+def test_eager_call_on_unplaced_inputs_on_auto_and_explicit_axes(explicit, layout):
+    """A reader's call: NumPy inputs nobody placed, a mesh of either axis type, no jit."""
+    mesh = mesh_of(2, ("seq",), explicit=explicit)
+    x = np.asarray(jax.random.normal(jax.random.key(1), (1, 8, 2, 4)))
+    out = ring_attention(x, x, x, mesh, "seq", causal=True, layout=layout)
+    np.testing.assert_allclose(out, _reference(x, x, x, causal=True), atol=1e-5)
+    assert out.sharding.is_equivalent_to(jax.NamedSharding(mesh, jax.P(None, "seq")), 4)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_ring_attention_in_layout_on_auto_and_explicit_axes(explicit):
+    mesh = mesh_of(2, ("seq",), explicit=explicit)
+    x = jax.random.normal(jax.random.key(2), (1, 8, 1, 4))
+    out = jax.jit(lambda x: attention.ring_attention_in_layout(
+        x, x, x, mesh, "seq", causal=False, layout="contiguous"))(x)
+    np.testing.assert_allclose(out, _reference(x, x, x, causal=False), atol=1e-5)
+
+
+def test_manual_axes_are_refused():
+    mesh = jax.make_mesh((2,), ("seq",), devices=DEVICES[:2],
+                         axis_types=(jax.sharding.AxisType.Manual,))
+    x = np.zeros((1, 4, 1, 2), np.float32)
+    with pytest.raises(ValueError, match="Manual"):
+        ring_attention(x, x, x, mesh, "seq", causal=True)
+
+
+@functools.cache
+def _saved(n, explicit=False):
+    mesh = mesh_of(n, ("seq",), explicit=explicit)
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 1, 16, 2, 4))
+    return {r["saved for the backward"]: r for r in
+            attention.saved_for_backward(q, k, v, mesh, "seq", causal=True)}, k.nbytes
+
+
+@pytest.mark.parametrize("explicit", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_backward_keeps_every_kv_block(explicit):
+    """ring_attention.md (review M1): the autodiff ring keeps the device's own K and V and
+    the 2(n-1) blocks it received, the bytes of the whole sequence's K and V; the rows add up
+    to the compiled forward program's outputs, plus the 8-byte pointer per output that the
+    compiled program's output tuple holds."""
+    saved, kv = _saved(4, explicit)
+    received = saved["K or V block received round the ring"]
+    assert received["arrays"] == 2 * (4 - 1)
+    own = saved["own k block"]["bytes"] + saved["own v block"]["bytes"]
+    assert own + received["bytes"] == 2 * kv
+    rows = [r for name, r in saved.items() if name != "compiled forward program's outputs"]
+    total = saved["compiled forward program's outputs"]["bytes"]
+    assert total == sum(r["bytes"] for r in rows) + 8 * sum(r["arrays"] for r in rows)
+
+
+@pytest.mark.slow
+def test_backward_memory_by_ring_size():
+    """More devices shrink the score blocks per device, not the K/V blocks: 2n blocks of
+    1/n of the sequence, the whole K and V, on every ring size."""
+    scores = []
+    for n in (2, 4, 8):
+        saved, kv = _saved(n)
+        kept = sum(saved[name]["bytes"] for name in
+                   ("own k block", "own v block", "K or V block received round the ring"))
+        assert kept == 2 * kv
+        scores.append(saved["score-sized block (scores, weights, masks)"]["bytes"])
+    assert scores[0] > scores[1] > scores[2]
+
+
 def test_causal_work_imbalance_and_zigzag_balance():
     contiguous = attention.causal_work(16, 4, "contiguous").sum(1)
     zigzag = attention.causal_work(16, 4, "zigzag").sum(1)
@@ -57,6 +125,60 @@ def test_bad_shapes(shape, n, layout, error, word):
     x = np.zeros(shape, np.float32)
     with pytest.raises(error, match=word):
         ring_attention(x, x, x, mesh_of(n, ("seq",)), "seq", causal=True, layout=layout)
+
+
+_X = np.zeros((1, 8, 1, 2), np.float32)
+BAD = {
+    "ring_attention: causal 1": (lambda m: ring_attention(_X, _X, _X, m, "seq", causal=1),
+                                 TypeError, "causal"),
+    "ring_attention: int q": (lambda m: ring_attention(_X.astype(int), _X, _X, m, "seq",
+                                                       causal=True), TypeError, "floating"),
+    "ring_attention: mesh a list": (lambda m: ring_attention(_X, _X, _X, DEVICES, "seq",
+                                                             causal=True), TypeError, "Mesh"),
+    "ring_attention: axis 3": (lambda m: ring_attention(_X, _X, _X, m, 3, causal=True),
+                               TypeError, "axis_name"),
+    "ring_attention: v of another shape": (lambda m: ring_attention(_X, _X, _X[:, :4], m, "seq",
+                                                                    causal=True),
+                                           ValueError, "v has shape"),
+    "ring_attention_in_layout: causal None": (
+        lambda m: attention.ring_attention_in_layout(_X, _X, _X, m, "seq", causal=None,
+                                                     layout="contiguous"), TypeError, "causal"),
+    "reference_attention: causal 'yes'": (lambda m: reference_attention(_X, _X, _X,
+                                                                        causal="yes"),
+                                          TypeError, "causal"),
+    "layout_positions: seq 2.5": (lambda m: attention.layout_positions(2.5, 2, "contiguous"),
+                                  TypeError, "seq"),
+    "layout_positions: 0 devices": (lambda m: attention.layout_positions(8, 0, "contiguous"),
+                                    ValueError, "n must be at least 1"),
+    "check_ring: 6 over 4": (lambda m: attention.check_ring(6, 4, "contiguous"), ValueError,
+                             "divisible by 4"),
+    "causal_work: n '4'": (lambda m: attention.causal_work(16, "4", "contiguous"), TypeError,
+                           "n must be an integer"),
+    "ring_schedule: n 0": (lambda m: attention.ring_schedule(0), ValueError, "n"),
+    "draw_ring: n 0": (lambda m: attention.draw_ring(0, 16), ValueError, "n"),
+    "saved_for_backward: zigzag length": (
+        lambda m: attention.saved_for_backward(_X[:, :3], _X[:, :3], _X[:, :3], m, "seq",
+                                               causal=True), ValueError, "divisible by 2"),
+    "ring_attention_local: positions of the wrong shape": (
+        lambda m: jax.shard_map(lambda q: attention.ring_attention_local(
+            q, q, q, axis_name="seq", positions=np.zeros((3, 4), int), causal=True),
+            mesh=m, in_specs=jax.P(None, "seq"), out_specs=jax.P(None, "seq"))(_X),
+        ValueError, "positions must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gets_a_clear_error(case):
+    call, error, words = BAD[case]
+    with pytest.raises(error, match=words):
+        call(mesh_of(2, ("seq",)))
+
+
+def test_numpy_scalars_are_accepted():
+    assert attention.layout_positions(np.int64(8), np.int32(2), "zigzag").tolist() == \
+        [[0, 1, 6, 7], [2, 3, 4, 5]]
+    assert attention.causal_work(np.int64(8), np.int64(2), "contiguous").sum() == 36
+    assert attention.ring_schedule(np.int16(3)).shape == (3, 3)
 
 
 def test_mismatched_and_wrong_axis():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -33,3 +35,68 @@ def test_collective_breakdown_reads_pass_source_and_axis():
         "forward + backward"
     with pytest.raises(ValueError, match="breakdown key"):
         breakdown.collective_breakdown(text, mesh, by=("carries",))
+
+
+def test_an_argument_laid_out_anew_is_named_by_its_path():
+    """JAX 0.12 gives an op that re-lays an argument out (fsdp_tp's embedding table, pinned in
+    test_transformer) no source line, only the argument's path as its op_name."""
+    mesh = build_mesh((2, 2), ("a", "b"), devices=DEVICES[:4])
+    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("a", None)))
+    x = jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh, P(None, "a")))
+    text = jax.jit(jax.grad(_matmul_loss)).lower(w, x).compile().as_text()
+    line = next(ln for ln in text.splitlines() if " all-reduce(" in ln)
+    relaid = re.sub(r'metadata=\{[^}]*\}', "metadata={op_name=\"params[\\'w\\']\"}", line)
+    rows = breakdown.collective_breakdown(text.replace(line, relaid), mesh,
+                                          by=("pass", "where"))
+    assert rows[0]["where"] == "argument params['w']" and rows[0]["pass"] == "forward"
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_scatter_forms_on_auto_and_explicit_axes(explicit):
+    """tensor_parallelism.md: XLA:CPU keeps the partitioner's all-reduce, but compiles an
+    explicit psum_scatter to a reduce-scatter."""
+    mesh = build_mesh((4,), ("model",), devices=DEVICES[:4],
+                      axis_types="explicit" if explicit else "auto")
+    assert breakdown.scatter_forms(mesh, "model") == {
+        "jax.jit, output pinned split by rows": "1 all-reduce",
+        "shard_map with psum_scatter": "1 reduce-scatter"}
+
+
+def _text():
+    mesh = build_mesh((2,), ("a",), devices=DEVICES[:2])
+    x = jax.device_put(jnp.ones((4, 8)), NamedSharding(mesh, P(None, "a")))
+    w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("a", None)))
+    return jax.jit(_matmul_loss).lower(w, x).compile(), mesh
+
+
+BAD = {
+    "text None": (lambda t, m: breakdown.collective_breakdown(None), TypeError, "text"),
+    "by a string": (lambda t, m: breakdown.collective_breakdown(t, m, by="pass"), TypeError,
+                    "by"),
+    "by empty": (lambda t, m: breakdown.collective_breakdown(t, m, by=()), TypeError, "by"),
+    "by an unknown key": (lambda t, m: breakdown.collective_breakdown(t, m, by=("carries",)),
+                          ValueError, "breakdown key"),
+    "axis without a mesh": (lambda t, m: breakdown.collective_breakdown(t, by=("axis",)),
+                            TypeError, "Mesh"),
+    "module 3": (lambda t, m: breakdown.collective_breakdown(t, m, module=3), TypeError,
+                 "module"),
+    "collectives of bytes": (lambda t, m: breakdown.collectives(b"x"), TypeError, "text"),
+    "scatter_forms: unknown axis": (lambda t, m: breakdown.scatter_forms(m, "model"),
+                                    ValueError, "not an axis"),
+    "scatter_forms: mesh a list": (lambda t, m: breakdown.scatter_forms(DEVICES, "a"),
+                                   TypeError, "Mesh"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_gets_a_clear_error(case):
+    compiled, mesh = _text()
+    call, error, words = BAD[case]
+    with pytest.raises(error, match=words):
+        call(compiled, mesh)
+
+
+def test_a_compiled_program_is_read_like_its_text():
+    compiled, mesh = _text()
+    assert breakdown.collective_breakdown(compiled, mesh) == \
+        breakdown.collective_breakdown(compiled.as_text(), mesh)

@@ -15,15 +15,21 @@ early and one late chunk and does the same useful work (``causal_work`` counts i
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import math
+import re
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, hlo
 
 LAYOUTS = ("contiguous", "zigzag")
 _NEG = -1e30  # a finite "minus infinity", so fully masked rows give 0, never NaN
@@ -55,7 +61,8 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
 
 def layout_positions(seq: int, n: int, layout: str) -> np.ndarray:
     """``[n, seq // n]``: the global positions device ``i`` holds in ``layout``."""
-    checks.one_of("layout", layout, LAYOUTS)
+    seq, n = checks.count("seq", seq), checks.count("n", n)
+    check_ring(seq, n, layout)
     if layout == "contiguous":
         return np.arange(seq).reshape(n, seq // n)
     chunks = np.arange(seq).reshape(2 * n, seq // (2 * n))
@@ -64,6 +71,7 @@ def layout_positions(seq: int, n: int, layout: str) -> np.ndarray:
 
 def check_ring(seq: int, n: int, layout: str) -> None:
     """Refuse a sequence length the ring cannot split evenly (``ValueError``)."""
+    seq, n = checks.count("seq", seq), checks.count("n", n)
     checks.one_of("layout", layout, LAYOUTS)
     parts = n if layout == "contiguous" else 2 * n
     checks.divisible("sequence length (dimension 1 of q)", seq, parts,
@@ -92,7 +100,16 @@ def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causa
     ``positions`` is the ``[n, block]`` table of :func:`layout_positions`; the K/V block a
     device holds after ``s`` steps came from device ``(i - s) mod n``.
     """
+    q, k, v = _check_qkv(q, k, v)
+    if not isinstance(axis_name, str):
+        raise checks.InputTypeError(f"axis_name must be a string, got {checks._show(axis_name)}.")
+    causal = checks.flag("causal", causal)
+    positions = checks.array("positions", positions, ndim=2, dtype_kind="iu")
     n = jax.lax.axis_size(axis_name)
+    if tuple(positions.shape) != (n, q.shape[1]):
+        raise checks.InputError(
+            f"positions must be the [ring size, block] = [{n}, {q.shape[1]}] table of "
+            f"layout_positions, got shape {tuple(positions.shape)}.")
     i = jax.lax.axis_index(axis_name)
     b, t, h, _ = q.shape
     q_pos = positions[i]
@@ -116,14 +133,31 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_na
     (``P(None, axis_name, None, None)``); the output comes back in that layout. With
     ``layout="zigzag"`` the sequence is reordered so that each device holds chunks ``i`` and
     ``2n - 1 - i`` (balanced causal work) and put back in order afterwards; it needs the
-    sequence length divisible by ``2n``, the contiguous layout by ``n``. Works under ``jit``.
+    sequence length divisible by ``2n``, the contiguous layout by ``n``. Works under ``jit``;
+    called on concrete arrays it runs one compiled program (cached per mesh and options),
+    since shard_map run eagerly dispatches the unrolled ring one small operation at a time.
+    Works on meshes of Auto or Explicit axes.
     """
     q, k, v = _check_qkv(q, k, v)
     causal = checks.flag("causal", causal)
     checks.mesh("mesh", mesh)
     n = checks.axis(mesh, axis_name)
-    seq = q.shape[1]
-    check_ring(seq, n, layout)
+    check_ring(q.shape[1], n, layout)
+    _check_axis_types(mesh)
+    if not any(checks._is_traced(x) for x in (q, k, v)):
+        return _ring_program(mesh, axis_name, causal, layout)(q, k, v)
+    return _ring(q, k, v, mesh, axis_name, causal=causal, layout=layout)
+
+
+@functools.lru_cache(maxsize=64)
+def _ring_program(mesh: Mesh, axis_name: str, causal: bool, layout: str):
+    return jax.jit(functools.partial(_ring, mesh=mesh, axis_name=axis_name, causal=causal,
+                                     layout=layout), compiler_options=hlo.FAST_COMPILE)
+
+
+def _ring(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str, *,
+          causal: bool, layout: str) -> jax.Array:
+    n, seq = int(mesh.shape[axis_name]), q.shape[1]
     order = layout_positions(seq, n, layout).reshape(-1)
     if layout == "zigzag":  # reorder once (a real loader would store the tokens this way)
         q, k, v = (_take_seq(x, order, mesh) for x in (q, k, v))
@@ -131,6 +165,14 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_na
     if layout == "zigzag":
         out = _take_seq(out, np.argsort(order), mesh)
     return _place(out, NamedSharding(mesh, P(None, axis_name, None, None)))
+
+
+def _check_axis_types(mesh: Mesh) -> None:
+    if any(t == AxisType.Manual for t in mesh.axis_types):
+        raise checks.InputError(
+            f"mesh has Manual axes {tuple(mesh.axis_types)}: call ring attention outside "
+            f"shard_map (it runs its own), on a mesh of Auto or Explicit axes; inside "
+            f"shard_map, call ring_attention_local on the local blocks.")
 
 
 def _place(x: jax.Array, sharding: NamedSharding) -> jax.Array:
@@ -152,8 +194,11 @@ def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mes
     The model of context parallelism calls this: it puts its tokens in zig-zag order once, so
     no activation is ever reordered. The output is in the same order, ``P(None, axis_name)``.
     """
+    q, k, v = _check_qkv(q, k, v)
+    causal = checks.flag("causal", causal)
     n = checks.axis(mesh, axis_name)
     check_ring(q.shape[1], n, layout)
+    _check_axis_types(mesh)
     positions = layout_positions(q.shape[1], n, layout)
     spec = P(None, axis_name, None, None)
     sharding = NamedSharding(mesh, spec)
@@ -169,6 +214,7 @@ def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mes
 def causal_work(seq: int, n: int, layout: str) -> np.ndarray:
     """``[n devices, n steps]``: unmasked (query, key) pairs each device scores at each step
     of causal ring attention, per batch row and head. The row sums show the load balance."""
+    seq, n = checks.count("seq", seq), checks.count("n", n)
     check_ring(seq, n, layout)
     pos = layout_positions(seq, n, layout)
     work = np.zeros((n, n), dtype=int)
@@ -190,6 +236,7 @@ def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
     (palest: none, darkest: all), with a colour bar for the shades."""
     import matplotlib.pyplot as plt
 
+    n, seq = checks.count("n", n), checks.count("seq", seq)
     work = causal_work(seq, n, layout)
     full = (seq // n) ** 2
     held = ring_schedule(n)
@@ -210,3 +257,91 @@ def draw_ring(n: int, seq: int, *, layout: str = "contiguous"):
     bar.ax.tick_params(labelsize=11)
     fig.tight_layout()
     return fig
+
+
+# --------------------------------------------------------------------------- memory
+
+_ITEMSIZE = {"f64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s8": 1, "u8": 1,
+             "bool": 1, "pred": 1, "s64": 8, "u64": 8}
+
+
+def _residuals(fn, *args) -> list[tuple[str, tuple[int, ...], str]]:
+    """(dtype, shape, source) of each array ``jax.vjp(fn, *args)`` keeps for the backward
+    pass, as ``jax.ad_checkpoint.print_saved_residuals`` lists them."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_saved_residuals(fn, *args)
+    found = []
+    for line in out.getvalue().splitlines():
+        match = re.match(r"(\w+)\[([\d,]*)\]\S*\s+(.*)", line)
+        if match:
+            shape = tuple(int(d) for d in match.group(2).split(",") if d)
+            found.append((match.group(1), shape, match.group(3)))
+    return found
+
+
+def _kind_of_residual(shape: tuple[int, ...], source: str, block: tuple[int, ...]) -> str:
+    if source.startswith("from the argument"):
+        return f"own {source.rsplit(' ', 1)[-1]} block"
+    if "ppermute" in source.split(" from ")[0]:
+        return "K or V block received round the ring"
+    if len(shape) == 4 and shape[-1] == shape[-2] == block[1]:
+        return "score-sized block (scores, weights, masks)"
+    if shape == block:
+        return "block-sized (running outputs)"
+    return "smaller (running maxima and sums)"
+
+
+def saved_for_backward(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str,
+                       *, causal: bool) -> list[dict[str, Any]]:
+    """What one device keeps between the forward and the backward pass of
+    :func:`ring_attention` when JAX differentiates it (the unrolled ring, no custom rule).
+
+    Two readings of the same thing. Per kind of saved array (rows): JAX's own list of the
+    backward pass's residuals for one device's program (``print_saved_residuals`` of
+    :func:`ring_attention_local`, traced inside ``shard_map`` so that it sees the ring's
+    ``ppermute``), with the count and bytes per device. And the last row, ``compiled``: the
+    bytes per device the compiled forward program (``jax.jit`` of ``jax.vjp``) outputs for
+    the backward pass, from ``memory_analysis()`` (the same arrays, plus the output tuple's
+    8-byte pointer to each). Works on meshes of Auto or Explicit axes.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    causal = checks.flag("causal", causal)
+    n = checks.axis(mesh, axis_name)
+    check_ring(q.shape[1], n, "contiguous")
+    _check_axis_types(mesh)
+    spec = P(None, axis_name, None, None)
+    positions = jnp.asarray(layout_positions(q.shape[1], n, "contiguous"))
+    block = (q.shape[0], q.shape[1] // n, q.shape[2], q.shape[3])
+    found: list[tuple[str, tuple[int, ...], str]] = []
+
+    def local(q, k, v):
+        def ring(q, k, v):
+            return ring_attention_local(q, k, v, axis_name=axis_name, positions=positions,
+                                        causal=causal)
+        found.extend(_residuals(ring, q, k, v))
+        return ring(q, k, v)
+
+    shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+              for x in (q, k, v)]
+    jax.eval_shape(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec),
+                   *shapes)
+    rows: dict[str, dict[str, Any]] = {}
+    for dtype, shape, source in found:
+        kind = _kind_of_residual(shape, source, block)
+        row = rows.setdefault(kind, {"saved for the backward": kind, "arrays": 0, "bytes": 0})
+        row["arrays"] += 1
+        row["bytes"] += int(np.prod(shape)) * _ITEMSIZE.get(dtype, 4)
+
+    def forward(q, k, v):
+        return jax.vjp(lambda q, k, v: ring_attention(q, k, v, mesh, axis_name, causal=causal),
+                       q, k, v)[1]
+
+    compiled = jax.jit(forward).lower(*shapes).compile(compiler_options=hlo.FAST_COMPILE)
+    total = int(compiled.memory_analysis().output_size_in_bytes)
+    order = ["own q block", "own k block", "own v block", "K or V block received round the ring"]
+    listed = sorted(rows.values(), key=lambda r: (order.index(r["saved for the backward"])
+                                                  if r["saved for the backward"] in order
+                                                  else len(order), -r["bytes"]))
+    return listed + [{"saved for the backward": "compiled forward program's outputs",
+                      "arrays": "", "bytes": total}]

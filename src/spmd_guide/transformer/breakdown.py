@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax.sharding import Mesh
 
@@ -112,6 +113,17 @@ def _carries(op: hlo.Collective) -> str:
     return op.shape_text
 
 
+@functools.lru_cache(maxsize=32)
+def collectives(text: str) -> tuple[hlo.Collective, ...]:
+    """``hlo.collectives_in_text(text)``, remembered: a page reads the same program's
+    collectives several times (counts, breakdowns), and parsing its text is the slow part."""
+    if not isinstance(text, str):
+        raise checks.InputTypeError(
+            f"text must be a compiled program's text (compiled.as_text()), got "
+            f"{checks._show(text)}.")
+    return tuple(hlo.collectives_in_text(text))
+
+
 def collective_breakdown(text: str, mesh: Mesh | None = None, *,
                          by: Sequence[str] = ("pass", "where"),
                          module: str = "lm.py") -> list[dict[str, Any]]:
@@ -123,22 +135,40 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
     metadata (the backward pass is JAX's ``transpose``); ``where``, the source expression in
     the file ``module`` that its stack frame points at (a long one cut at 52 characters; an
     op the compiler combined from several adds ``+ n more``: its other parts, such as the
-    gradients that ride in one all-reduce, come from other lines);
+    gradients that ride in one all-reduce, come from other lines; an op that lays an
+    argument out anew before its first use, which JAX 0.12 names by the argument's path
+    with no source line, reads ``argument params['embed']``);
     ``axis``, the axes of ``mesh`` along which its device groups vary. Rows group the ops
     with equal ``by`` labels and kind, in program order, with the op count, the buffers each
     op carries, and the bytes one device sends (ring model, :mod:`spmd_guide.core.hlo`).
     """
+    if isinstance(text, jax.stages.Compiled):
+        text = text.as_text()
+    if not isinstance(text, str):
+        raise checks.InputTypeError(
+            f"text must be a compiled program's text (compiled.as_text()) or the compiled "
+            f"program, got {checks._show(text)}.")
+    if isinstance(by, str) or not isinstance(by, Sequence) or not by:
+        raise checks.InputTypeError(
+            f"by must be a non-empty sequence of keys such as ('pass', 'where'), got "
+            f"{checks._show(by)}.")
     for key in by:
         checks.one_of("breakdown key", key, ("pass", "where", "axis"))
     if "axis" in by:
         checks.mesh("mesh", mesh)
+    if not isinstance(module, str) or not module:
+        raise checks.InputTypeError(
+            f"module must be a file name such as 'lm.py', got {checks._show(module)}.")
     tables = _source_tables(text)
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for op in hlo.collectives_in_text(text):
+    for op in collectives(text):
         meta = re.search(r'op_name="([^"]*)"(?:\s+stack_frame_id=(\d+))?', op.line)
         chain = _frames(tables, int(meta.group(2))) if meta and meta.group(2) else []
         op_name = meta.group(1) if meta else ""
         where = _where(chain, module)
+        if not chain and op_name and "/" not in op_name:
+            # JAX 0.12 names an op that lays out an argument anew by the argument's path
+            where = "argument " + op_name.replace("\\'", "'").replace('\\"', '"')
         combined = op_name.count(":")  # ops the compiler merged into this one, beyond the first
         more = f" + {combined} more" if combined else ""
         limit = 52 - len(more)
@@ -158,3 +188,38 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
         shown = row["each carries"]
         row["each carries"] = "; ".join(shown) if len(shown) <= 2 else f"{len(shown)} shapes"
     return rows
+
+
+def scatter_forms(mesh: Mesh, axis_name: str) -> dict[str, str]:
+    """The collectives this backend compiles for one sum-then-split written two ways, over
+    mesh axis ``axis_name``: a row-parallel matmul under ``jax.jit`` whose output is pinned
+    split by rows (the partitioner writes the sum), and the same matmul under ``shard_map``
+    with an explicit ``jax.lax.psum_scatter``. On a backend that rewrites "all-reduce, then
+    keep my slice" into a reduce-scatter both show a reduce-scatter; XLA:CPU does not.
+
+    Works on a mesh of Auto or Explicit axes (it places its own inputs, on an Auto copy).
+    """
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = checks.axis(mesh, axis_name)
+    auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.shape))
+    x = jax.ShapeDtypeStruct((2 * n, 4 * n), np.float32,
+                             sharding=NamedSharding(auto, P(None, axis_name)))
+    w = jax.ShapeDtypeStruct((4 * n, 8), np.float32,
+                             sharding=NamedSharding(auto, P(axis_name, None)))
+    rows = NamedSharding(auto, P(axis_name, None))
+    partitioned = jax.jit(lambda x, w: x @ w, out_shardings=rows)
+    explicit = jax.jit(jax.shard_map(
+        lambda x, w: jax.lax.psum_scatter(x @ w, axis_name, tiled=True), mesh=auto,
+        in_specs=(P(None, axis_name), P(axis_name, None)), out_specs=P(axis_name, None)))
+    forms = {}
+    for label, fn in (("jax.jit, output pinned split by rows", partitioned),
+                      ("shard_map with psum_scatter", explicit)):
+        ops = hlo.collectives_in_text(fn.lower(x, w).compile(
+            compiler_options=hlo.FAST_COMPILE).as_text())
+        kinds: dict[str, int] = {}
+        for op in ops:
+            kinds[op.kind] = kinds.get(op.kind, 0) + 1
+        forms[label] = ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "none"
+    return forms

@@ -12,6 +12,11 @@ places the parameters and pins the layout of each activation (``constrain``), an
 writes the collectives. Context parallelism adds the one piece the compiler cannot invent,
 ring attention, written with ``jax.shard_map`` in :mod:`spmd_guide.transformer.attention`.
 :func:`train_step` pins parameters and optimizer state to the layouts they came in with.
+
+A mesh with Explicit axes (``jax.make_mesh``'s default) works too: the loss then runs its
+model under ``jax.sharding.auto_axes`` on an Auto copy of the mesh (same devices and names),
+because sharding constraints may only name Auto axes and the embedding lookup's output
+layout is ambiguous under Explicit axes; inputs and gradients keep their Explicit shardings.
 """
 
 from __future__ import annotations
@@ -24,16 +29,20 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.core.devices import build_mesh
+from spmd_guide.transformer import breakdown
 from spmd_guide.transformer.attention import layout_positions, ring_attention_in_layout
 from spmd_guide.transformer.lm import (
     Config,
     Params,
+    check_config,
+    check_params,
     check_tokens,
+    config_of,
     cross_entropy,
     forward,
     init_params,
@@ -46,6 +55,51 @@ __all__ = ["Config", "init_params", "lm_loss", "STRATEGIES", "Strategy", "train_
 _TP = {"wq": (None, "model", None), "wk": (None, "model", None), "wv": (None, "model", None),
        "wo": ("model", None, None), "w_up": (None, "model"), "w_down": ("model", None),
        "unembed": (None, "model")}
+
+
+def auto_mesh(mesh: Mesh) -> Mesh:
+    """``mesh`` itself if all its axes are Auto, else a mesh of the same devices and axis
+    names with Auto axes (what sharding constraints and the compiler's propagation need).
+    Refuses Manual axes (inside ``shard_map``), where a strategy cannot place anything."""
+    checks.mesh("mesh", mesh)
+    types = tuple(mesh.axis_types)
+    if all(t == AxisType.Auto for t in types):
+        return mesh
+    if any(t == AxisType.Manual for t in types):
+        raise checks.InputError(
+            f"mesh has Manual axes {types}: a strategy lays out whole arrays, so call it "
+            f"outside shard_map, on a mesh of Auto or Explicit axes.")
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(types))
+
+
+def _strategy(strategy: Any) -> Strategy:
+    if not isinstance(strategy, Strategy):
+        raise checks.InputTypeError(
+            f"strategy must be one of STRATEGIES' values, such as STRATEGIES['tp'], got "
+            f"{checks._show(strategy)}.")
+    return strategy
+
+
+def _devices(devices: Any) -> list[jax.Device]:
+    if isinstance(devices, (str, bytes, Mesh)) or not isinstance(devices, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"devices must be a list of jax devices such as jax.devices()[:4], got "
+            f"{checks._show(devices)}.")
+    devices = list(np.asarray(devices, dtype=object).reshape(-1))
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise checks.InputError(
+            f"devices must be a non-empty list of jax devices such as jax.devices()[:4], got "
+            f"{checks._show(devices)}.")
+    return devices
+
+
+def _host(x: Any) -> Any:
+    """A one-device array as a NumPy array, so that ``device_put`` to a sharding is a plain
+    copy: from a committed one-device ``jax.Array`` XLA:CPU compiles a resharding program
+    per leaf (about a second for this model's 20 leaves, against milliseconds from host)."""
+    if isinstance(x, jax.Array) and x.is_fully_addressable and len(x.sharding.device_set) == 1:
+        return np.asarray(x)
+    return x
 
 
 def _leaf_name(path: tuple[Any, ...]) -> str:
@@ -73,15 +127,21 @@ class Strategy:
     ring: str | None = None       # ring-attention layout over "seq" (context parallelism)
 
     def mesh_shape(self, n_devices: int) -> tuple[int, ...]:
+        """The mesh shape over ``n_devices``: all on one axis, or ``model`` of 2 (when the
+        count is even) for a 2-D strategy."""
+        n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
         if len(self.axes) == 1:
             return (n_devices,)
         model = 2 if n_devices % 2 == 0 else 1
         return (n_devices // model, model)
 
-    def mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
-        """A mesh with this strategy's axis names (Auto axes) over ``devices``."""
-        devices = list(jax.devices() if devices is None else devices)
-        return build_mesh(self.mesh_shape(len(devices)), self.axes, devices=devices)
+    def mesh(self, devices: Sequence[jax.Device] | None = None, *,
+             axis_types: str = "auto") -> Mesh:
+        """A mesh with this strategy's axis names over ``devices`` (default: all). Auto
+        axes unless ``axis_types="explicit"``; the strategy works on either."""
+        devices = list(jax.devices() if devices is None else _devices(devices))
+        return build_mesh(self.mesh_shape(len(devices)), self.axes, devices=devices,
+                          axis_types=axis_types)
 
     def _size(self, mesh: Mesh, axis: str) -> int:
         return int(mesh.shape[axis]) if axis in mesh.shape else 1
@@ -90,6 +150,9 @@ class Strategy:
 
     def param_specs(self, params: Params, mesh: Mesh) -> Any:
         """A ``PartitionSpec`` for every parameter leaf."""
+        config_of(params)
+        checks.mesh("mesh", mesh)
+
         def spec(path, leaf):
             entries = _TP.get(_leaf_name(path), (None,) * leaf.ndim) if self.tensor else \
                 (None,) * leaf.ndim
@@ -116,9 +179,10 @@ class Strategy:
 
     def check(self, config: Config, mesh: Mesh) -> None:
         """Refuse sizes the mesh cannot split, naming the size and the divisor."""
+        check_config(config)
         checks.mesh("mesh", mesh)
         for axis in self.axes:
-            checks.axis(mesh, axis, name="mesh axis")
+            checks.axis(mesh, axis, name=f"{self.name}'s mesh axis")
         if self.tensor:
             n = self._size(mesh, "model")
             for what in ("n_heads", "d_ff", "vocab"):
@@ -127,27 +191,38 @@ class Strategy:
         if self.seq_axis:
             n = self._size(mesh, self.seq_axis)
             parts = 2 * n if self.ring == "zigzag" else n
+            layout = f" ({self.ring} ring layout)" if self.ring else ""
             checks.divisible("config.seq_len", config.seq_len, parts,
-                             why=f"over mesh axis {self.seq_axis!r} ({self.ring or 'contiguous'})")
+                             why=f"over mesh axis {self.seq_axis!r}{layout}")
 
     def shard(self, params: Params, tokens: jax.Array, mesh: Mesh) -> tuple[Params, jax.Array]:
-        """Place ``params`` and ``tokens`` on ``mesh`` as this strategy lays them out."""
+        """Place ``params`` and ``tokens`` on ``mesh`` (Auto or Explicit axes) as this
+        strategy lays them out. ``tokens`` are int ids ``[batch, seq_len + 1]`` in ``[0,
+        vocab)`` of the model ``params`` describe."""
         checks.mesh("mesh", mesh)
-        checks.array_tree("params", params)
-        tokens = checks.array("tokens", tokens, ndim=2, dtype_kind="iu")
+        for axis in self.axes:
+            checks.axis(mesh, axis, name=f"{self.name}'s mesh axis")
+        config = config_of(params)
+        tokens = check_tokens(tokens, config)
         specs = self.param_specs(params, mesh)
         for (path, leaf), spec in zip(jax.tree_util.tree_leaves_with_path(params),
                                       jax.tree.leaves(specs), strict=True):
             checks.spec_fits(f"params{jax.tree_util.keystr(path)}", leaf.shape, spec, mesh)
         checks.spec_fits("tokens", tokens.shape, self.token_spec(), mesh)
-        return (jax.device_put(params, self.shardings(params, mesh)),
-                jax.device_put(tokens, NamedSharding(mesh, self.token_spec())))
+        return (jax.device_put(jax.tree.map(_host, params), self.shardings(params, mesh)),
+                jax.device_put(_host(tokens), NamedSharding(mesh, self.token_spec())))
 
     # -- the loss ------------------------------------------------------------------------
 
     def loss(self, mesh: Mesh, config: Config) -> Callable[[Params, jax.Array], jax.Array]:
-        """``loss_fn(params, tokens)``, equal to ``lm_loss`` with its gradients."""
+        """``loss_fn(params, tokens)``, equal to ``lm_loss`` with its gradients.
+
+        ``mesh`` may have Auto or Explicit axes (see the module's docstring). ``loss_fn``
+        checks ``params`` against ``config`` and the tokens' shape; the token ids when they
+        are concrete (under ``jit`` they are traced: check them before, as ``shard`` does).
+        """
         self.check(config, mesh)
+        explicit, mesh = mesh, auto_mesh(mesh)
         acts = {k: NamedSharding(mesh, s) for k, s in self.activation_specs().items()}
 
         def constrain(x, kind):
@@ -164,13 +239,16 @@ class Strategy:
                                                 layout=self.ring)
 
         def loss_fn(params: Params, tokens: jax.Array) -> jax.Array:
+            check_params(params, config)
             tokens = check_tokens(tokens, config)
             inputs, targets = tokens[:, :-1][:, order], tokens[:, 1:][:, order]
             extra = {"attend": attend} if attend else {}
             logits = forward(params, inputs, positions=order, constrain=constrain, **extra)
             return cross_entropy(logits, targets)
 
-        return loss_fn
+        if explicit is mesh:
+            return loss_fn
+        return jax.sharding.auto_axes(loss_fn, out_sharding=NamedSharding(explicit, P()))
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
@@ -195,6 +273,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 def state_shardings(state: Any, params: Params, param_shardings: Any, mesh: Mesh) -> Any:
     """Shardings for an optax state: leaves shaped like a parameter (Adam's ``mu``, ``nu``)
     take that parameter's sharding, everything else (the step count) is replicated."""
+    checks.mesh("mesh", mesh)
+    checks.array_tree("params", params)
+    for s in jax.tree.leaves(param_shardings):
+        checks.sharding("a leaf of param_shardings", s)
     by_path = {tuple(map(str, path)): (leaf.shape, s) for (path, leaf), s in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(param_shardings),
         strict=True)}
@@ -228,8 +310,16 @@ def train_step(strategy: Strategy, mesh: Mesh, config: Config, params: Params, *
 
     ``params`` only lends its structure and shapes. Gradients come out in the parameters'
     shardings and the optimizer state in the shardings :func:`state_shardings` gives it, so
-    ZeRO (``fsdp``) keeps Adam's moments split like the parameters.
+    ZeRO (``fsdp``) keeps Adam's moments split like the parameters. ``mesh`` may have Auto
+    or Explicit axes.
     """
+    strategy = _strategy(strategy)
+    check_params(params, config)
+    if not isinstance(optimizer, optax.GradientTransformation):
+        raise checks.InputTypeError(
+            f"optimizer must be an optax.GradientTransformation such as lm.optimizer(), got "
+            f"{checks._show(optimizer)}.")
+    donate = checks.flag("donate", donate)
     loss_fn = strategy.loss(mesh, config)
     p_sh = strategy.shardings(params, mesh)
     s_sh = state_shardings(jax.eval_shape(optimizer.init, params), params, p_sh, mesh)
@@ -256,38 +346,24 @@ def _bytes_per_device(tree: Any) -> int:
                for x in jax.tree.leaves(tree))
 
 
-def predicted_bytes(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
-                    batch: int) -> dict[str, int]:
-    """Bytes per device by formula: parameters (each leaf divided by the devices that split
-    it), gradients (the same), AdamW state (two moments), and the activations the backward
-    pass keeps, estimated as ``n_layers * (10 d_model + 3 d_ff + 2 heads seq) * 4`` bytes per
-    local token plus the logits."""
+def _check_sizes(strategy: Any, mesh: Mesh, config: Config, params: Params,
+                 batch: Any) -> tuple[Strategy, int]:
+    """The arguments the formulas share: a strategy whose axes ``mesh`` has and whose sizes
+    split, ``params`` made for ``config``, and a batch that splits over ``data``."""
+    strategy = _strategy(strategy)
+    strategy.check(config, mesh)
+    check_params(params, config)
+    batch = checks.count("batch", batch)
+    if "data" in strategy.axes:
+        checks.divisible("batch", batch, int(mesh.shape["data"]),
+                         why="over mesh axis 'data' (each device takes a whole slice)")
+    return strategy, batch
+
+
+def _param_bytes(strategy: Strategy, mesh: Mesh, params: Params) -> int:
     p_sh = strategy.shardings(params, mesh)
-    p = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
-            for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(p_sh), strict=True))
-    size = dict(mesh.shape)
-    tokens = batch * config.seq_len // size.get("data", 1)
-    heads_here, ff_here, vocab_here = config.n_heads, config.d_ff, config.vocab
-    if strategy.tensor:
-        heads_here //= size["model"]
-        ff_here //= size["model"]
-        vocab_here //= size["model"]
-    if strategy.seq_axis:
-        tokens //= size[strategy.seq_axis]
-    per_token = config.n_layers * (10 * config.d_model + 3 * ff_here
-                                   + 2 * heads_here * config.seq_len) + 2 * vocab_here
-    return {"parameters": p, "gradients": p, "optimizer state": 2 * p,
-            "activations": 4 * tokens * per_token}
-
-
-def measured_bytes(trainer: Trainer, params: Params, state: Any, tokens: jax.Array
-                   ) -> dict[str, int]:
-    """Bytes per device of the compiled training step (``memory_analysis``): parameters and
-    optimizer state as held (arguments), and the temporaries (gradients + activations)."""
-    mem = hlo.memory_per_device(trainer.step, params, state, tokens)
-    return {"parameters": _bytes_per_device(params), "optimizer state": _bytes_per_device(state),
-            "arguments": mem.argument_bytes, "temporaries": mem.temp_bytes,
-            "peak": mem.peak_bytes}
+    return sum(int(np.prod(s.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+               for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(p_sh), strict=True))
 
 
 # --------------------------------------------------------------------------- page helpers
@@ -310,13 +386,19 @@ class StrategyCheck(dict):
 @functools.cache
 def _reference_grad(config: Config) -> Callable[..., Any]:
     """``lm_loss`` and its gradient, jitted once per config (so pages compile it once)."""
-    return jax.jit(jax.value_and_grad(functools.partial(lm_loss, config=config)))
+    return jax.jit(jax.value_and_grad(functools.partial(lm_loss, config=config)),
+                   compiler_options=hlo.FAST_COMPILE)
 
 
 def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
                    tokens: jax.Array) -> dict[str, Any]:
     """Compile the strategy's loss-and-gradient once; compare with ``lm_loss`` on one device
-    and read its collectives. One row of the pages' tables."""
+    and read its collectives. One row of the pages' tables. ``mesh`` may have Auto or
+    Explicit axes."""
+    strategy = _strategy(strategy)
+    strategy.check(config, mesh)
+    check_params(params, config)
+    tokens = check_tokens(tokens, config)
     ref_loss, ref_grads = _reference_grad(config)(params, tokens)
     sp, st = strategy.shard(params, tokens, mesh)
     p_sh = strategy.shardings(params, mesh)
@@ -324,7 +406,8 @@ def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Param
                  out_shardings=(NamedSharding(mesh, P()), p_sh))
     compiled = hlo.compile(fn, sp, st, compiler_options=hlo.FAST_COMPILE)
     loss, grads = compiled(sp, st)
-    ops = hlo.collectives_in_text(compiled.as_text())
+    text = compiled.as_text()
+    ops = breakdown.collectives(text)
     kinds = {}
     for op in ops:
         kinds[op.kind] = kinds.get(op.kind, 0) + 1
@@ -341,14 +424,42 @@ def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Param
             "grads in param layout": same,
             "collectives": ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "none",
             "bytes sent": sum(op.bytes_sent for op in ops)})
-    row.hlo = compiled.as_text()
+    row.hlo = text
     row.loss, row.ref_loss = float(loss), float(ref_loss)
     return row
 
 
+def rounding_words(rows: Sequence[StrategyCheck]) -> str:
+    """A sentence on the largest loss difference among :func:`check_strategy` rows, in units
+    of the gap between neighbouring float32 numbers at the reference loss (so a reader sees
+    it is rounding), or that every loss is exact."""
+    rows = list(rows)
+    if not rows or not all(isinstance(r, StrategyCheck) for r in rows):
+        raise checks.InputTypeError("rows must be a non-empty list of check_strategy rows.")
+    worst = max(rows, key=lambda r: abs(r.loss - r.ref_loss))
+    diff = abs(worst.loss - worst.ref_loss)
+    if diff == 0:
+        return "Here every strategy's loss equals the one-device loss exactly."
+    gap = float(np.spacing(np.float32(worst.ref_loss)))
+    steps = round(diff / gap)
+    times = "exactly that gap" if steps == 1 else f"{steps} times that gap"
+    return (f"The largest loss difference, {worst['strategy']}'s, is {diff:.1e}; float32 "
+            f"numbers near its loss of {worst.ref_loss:.2f} are {gap:.1e} apart, so the "
+            f"difference is {times}: rounding in the last bits, not a different computation.")
+
+
 def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
     """Rows: one per parameter of the first block and the embeddings, one column per
-    strategy giving that parameter's ``PartitionSpec``."""
+    strategy giving that parameter's ``PartitionSpec``. ``meshes`` maps strategy names to
+    their meshes."""
+    config_of(params)
+    if not isinstance(meshes, dict) or not meshes:
+        raise checks.InputTypeError(
+            f"meshes must be a dict such as {{'tp': mesh}} from strategy names to meshes, got "
+            f"{checks._show(meshes)}.")
+    for name, mesh in meshes.items():
+        checks.one_of("strategy", name, STRATEGIES)
+        checks.mesh(f"meshes[{name!r}]", mesh)
     leaves = jax.tree_util.tree_leaves_with_path(params)
     specs = {name: jax.tree.leaves(STRATEGIES[name].param_specs(params, mesh))
              for name, mesh in meshes.items()}
@@ -376,8 +487,9 @@ def predicted_comm_bytes(strategy: Strategy, mesh: Mesh, config: Config, params:
     gradients backward, ``4 L (n-1) A / n``, plus the dp all-reduce of the grads. fsdp_tp:
     the fsdp term on ``P / m`` and the tp term on ``A / d``.
     """
+    strategy, batch = _check_sizes(strategy, mesh, config, params, batch)
     size = dict(mesh.shape)
-    p = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    p = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
     a = batch * config.seq_len * config.d_model * 4
     d = size.get("data", 1)
     m = size.get("model", 1)
@@ -392,27 +504,3 @@ def predicted_comm_bytes(strategy: Strategy, mesh: Mesh, config: Config, params:
     else:
         acts = 0
     return {"parameters and gradients": grads, "activations": acts, "total": grads + acts}
-
-
-def memory_row(strategy: Strategy, devices: Sequence[jax.Device], config: Config,
-               params: Params, tokens: jax.Array) -> dict[str, Any]:
-    """Predicted and measured bytes per device of one donated AdamW training step."""
-    mesh = strategy.mesh(devices)
-    sp, st = strategy.shard(params, tokens, mesh)
-    trainer = train_step(strategy, mesh, config, sp, optimizer=optax.adamw(1e-3))
-    state = jax.eval_shape(trainer.init, sp)
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         state, trainer.state_shardings)
-    mem = hlo.memory_per_device(hlo.compile(trainer.step, sp, state, st,
-                                            compiler_options=hlo.FAST_COMPILE))
-    pred = predicted_bytes(strategy, mesh, config, params, tokens.shape[0])
-    held = _bytes_per_device(sp)
-    opt = sum(int(np.prod(s.shard_shape(x.shape))) * x.dtype.itemsize
-              for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(trainer.state_shardings),
-                              strict=True))
-    return {"strategy": strategy.name, "devices": len(devices),
-            "params": held, "params (formula)": pred["parameters"],
-            "opt state": opt, "opt state (formula)": pred["optimizer state"],
-            "grads + activations (formula)": pred["gradients"] + pred["activations"],
-            "temporaries (measured)": mem.temp_bytes,
-            "arguments (measured)": mem.argument_bytes}
