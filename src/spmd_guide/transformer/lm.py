@@ -73,7 +73,7 @@ def check_config(config: Any, *, name: str = "config") -> Config:
 def init_params(key: jax.Array, config: Config) -> Params:
     """Random parameters: embeddings, ``n_layers`` blocks, final norm, untied output head."""
     key = checks.key("key", key)
-    return _init_params(key, check_config(config))
+    return _call(_init_params, key, check_config(config))
 
 
 def _weight_shapes(c: Config) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -81,6 +81,23 @@ def _weight_shapes(c: Config) -> dict[str, tuple[tuple[int, ...], int]]:
     qkv = ((c.d_model, c.n_heads, c.head_dim), c.d_model)
     return {"wq": qkv, "wk": qkv, "wv": qkv, "wo": ((c.n_heads, c.head_dim, c.d_model), c.d_model),
             "w_up": ((c.d_model, c.d_ff), c.d_model), "w_down": ((c.d_ff, c.d_model), c.d_ff)}
+
+
+def _call(jitted: Any, key: jax.Array, *static: Any) -> Any:
+    """``jitted(key, *static)``. Called at the top level (a concrete key), it runs a program
+    compiled once per key type and static arguments without LLVM's code optimization: these
+    programs run once, so compile time is all that counts (XLA:CPU takes over a second to
+    optimize a random draw). Inside a trace it calls the plain ``jit``, which nests (a jit
+    with compile options may not be nested)."""
+    if checks._is_traced(key):
+        return jitted(key, *static)
+    return _fast_program(jitted, tuple(key.shape), key.dtype, static)(key)
+
+
+@functools.lru_cache(maxsize=64)
+def _fast_program(jitted: Any, shape: tuple[int, ...], dtype: Any, static: tuple[Any, ...]):
+    lowered = jitted.lower(jax.ShapeDtypeStruct(shape, dtype), *static)
+    return lowered.compile(compiler_options=hlo.FAST_COMPILE)
 
 
 def param_shapes(config: Config) -> Params:
@@ -359,7 +376,7 @@ def counting_task(key: jax.Array, *, batch: int, config: Config,
     batch = checks.count("batch", batch)
     config = check_config(config)
     strides = checks.counts("strides", strides)
-    return _counting_task(key, batch, config, strides)
+    return _call(_counting_task, key, batch, config, strides)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
