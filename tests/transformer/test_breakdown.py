@@ -100,3 +100,13 @@ def test_a_compiled_program_is_read_like_its_text():
     compiled, mesh = _text()
     assert breakdown.collective_breakdown(compiled, mesh) == \
         breakdown.collective_breakdown(compiled.as_text(), mesh)
+
+
+def test_axes_read_the_same_from_a_mesh_of_explicit_axes():
+    """The mesh only names the device grid's axes: Auto or Explicit gives the same labels."""
+    compiled, mesh = _text()
+    explicit = build_mesh((2,), ("a",), devices=DEVICES[:2], axis_types="explicit")
+    assert breakdown.collective_breakdown(compiled, explicit, by=("axis",)) == \
+        breakdown.collective_breakdown(compiled, mesh, by=("axis",)) == [
+            {"axis": "a", "collective": "all-reduce", "ops": 1, "each carries": "f32[4,4]",
+             "bytes sent": 64}]
