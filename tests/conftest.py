@@ -8,8 +8,16 @@ whose subject *is* the process's device count uses ``helpers.run_python``.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from helpers import DEVICES
+
+# pytest rewrites each test module's asserts on import and caches the result in __pycache__,
+# unless Python is told not to write bytecode (PYTHONDONTWRITEBYTECODE, set on some machines):
+# then every run pays the rewrite again (about 4 s of the suite). Test modules are imported
+# after this file, so their rewritten code is cached from here on.
+sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")

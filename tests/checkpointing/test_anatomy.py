@@ -47,7 +47,7 @@ def _orbax_pieces(x, parallel):
                   for r in found.replica_slices)
 
 
-@pytest.mark.parametrize("parallel", [True, False])
+@pytest.mark.parametrize("parallel", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_written_pieces_are_orbaxs_and_tile_each_array_once(parallel):
     arrays = jax.tree.leaves(_state()) + [
         jax.device_put(np.arange(6.0), NamedSharding(mesh_of(4, ("a", "b"), (2, 2)), P())),
@@ -173,6 +173,7 @@ def test_exercise_fsdp_writes_what_it_holds():
         sum(r["bytes written"] for r in rows) + 5 * 4  # (the data position is not saved here)
 
 
+@pytest.mark.slow
 def test_exercise_tiny_pieces_cost_more_than_their_bytes(tmp_path):
     s = transformer.STRATEGIES["fsdp_tp"]
     params = lm.init_params(jax.random.key(0), lm.Config())
@@ -184,6 +185,7 @@ def test_exercise_tiny_pieces_cost_more_than_their_bytes(tmp_path):
         <= 1024
 
 
+@pytest.mark.slow
 def test_exercise_whole_chunks_read_once(tmp_path):
     saved_like = training.state_like(PAGE_CONFIG, strategy="fsdp_tp", n_devices=8)
     checkpoint.save(tmp_path, jax.tree.map(

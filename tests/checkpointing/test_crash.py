@@ -14,6 +14,7 @@ from spmd_guide.checkpointing import checkpoint, crash
 from spmd_guide.core.checks import InputError
 
 
+@pytest.mark.slow
 def test_a_save_killed_mid_write_loses_nothing(tmp_path):
     mesh = mesh_of(8, ("data", "model"), (4, 2))
     state = {"w": jax.device_put(np.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("data"))),

@@ -48,7 +48,7 @@ def test_resume_under_the_same_strategy_is_exact(tmp_path):
 
 
 @pytest.mark.parametrize(("first", "second", "k"), [
-    (("fsdp_tp", 8), ("tp", 4), 4),
+    pytest.param(("fsdp_tp", 8), ("tp", 4), 4, marks=pytest.mark.slow),
     pytest.param(("fsdp", 8), ("dp", 1), 5, marks=pytest.mark.slow),
     pytest.param(("tp", 4), ("fsdp_tp", 8), 2, marks=pytest.mark.slow),
     pytest.param(("dp", 2), ("tp_sp", 4), 3, marks=pytest.mark.slow),
@@ -62,6 +62,7 @@ def test_resume_on_another_strategy_and_device_count_equals_never_stopping(
     assert tuple(losses[:k]) == reference[:k]
 
 
+@pytest.mark.slow
 def test_the_checkpoint_holds_the_data_position(tmp_path):
     training.train_lm(CONFIG, strategy="dp", n_devices=2, steps=4, checkpoint_dir=tmp_path, **KW)
     state = checkpoint.restore(tmp_path, like=training.state_like(CONFIG, strategy="dp",
@@ -129,6 +130,7 @@ def test_bad_arguments_are_refused_before_anything_runs(kwargs, error, words):
         assert word in str(info.value), (word, str(info.value))
 
 
+@pytest.mark.slow
 def test_resuming_refuses_what_cannot_continue_the_run(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

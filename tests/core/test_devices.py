@@ -31,6 +31,7 @@ def test_accepts_numpy_integers():
     assert len(ensure_devices(np.int64(8))) == 8
 
 
+@pytest.mark.slow
 def test_requested_count_wins_over_xla_flags():
     out = run_python(
         """
@@ -71,7 +72,7 @@ def test_a_different_count_after_jax_started_says_how_to_fix():
     assert "restart the kernel" in message
 
 
-@pytest.mark.parametrize("n", [1, 4])
+@pytest.mark.parametrize("n", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_fresh_process_gets_exactly_n_cpu_devices(n):
     out = run_python(
         f"""

@@ -170,6 +170,7 @@ def test_processes_listen_only_on_loopback(described):
     assert len(described[0].value["listening"]) > len(described[1].value["listening"])
 
 
+@pytest.mark.slow
 def test_data_parallel_step_over_two_processes_equals_one_process(tmp_path):
     problem = multihost_examples.save_problem(tmp_path / "problem.npz")
     results = launch(multihost_examples.data_parallel_step, num_processes=2, devices_per_process=4,
@@ -209,6 +210,7 @@ def test_the_naive_loader_runs_across_processes_when_every_process_has_the_batch
 # ------------------------------------------------------------------ failures
 
 
+@pytest.mark.slow
 def test_a_raising_process_stops_the_others_and_reports_its_output():
     start = time.monotonic()
     with pytest.raises(ProcessFailed) as caught:

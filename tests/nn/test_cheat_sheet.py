@@ -37,7 +37,9 @@ def _specs(tree, leaves_like):
 
 
 @pytest.mark.parametrize(("name", "k", "sizes"), [
-    ("fsdp", 4, tuple(SIZES)), ("auto_dp_tp", 4, (8, 16, 16, 8)), ("dp", 2, (8, 8))])
+    ("fsdp", 4, tuple(SIZES)),
+    pytest.param("auto_dp_tp", 4, (8, 16, 16, 8), marks=pytest.mark.slow),
+    pytest.param("dp", 2, (8, 8), marks=pytest.mark.slow)])
 def test_sheet_matches_the_arrays_the_programs_return(name, k, sizes):
     params, batch = _model(sizes=sizes)
     lay = _layout(name, k, sizes)

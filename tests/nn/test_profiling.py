@@ -41,6 +41,7 @@ def test_profile_and_comparison(model):
     plt.close(figure)
 
 
+@pytest.mark.slow
 def test_reference_check_matches_on_every_device_count(model):
     params, batch = model
     for k in (2, 4, 8):

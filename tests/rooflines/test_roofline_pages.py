@@ -78,6 +78,7 @@ def test_collectives_the_parallelism_page_reads():
     assert fsdp.comm_bytes > dp.comm_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_devices_may_come_from_a_mesh_of_either_axis_type(explicit):
     mesh = mesh_of(8, ("a", "b"), (4, 2), explicit=explicit)

@@ -107,6 +107,7 @@ def test_max_batch_fills_the_hbm():
         decode, "h100-sxm")
 
 
+@pytest.mark.slow
 def test_serve_table_and_winners():
     # The page's chip: the least HBM of the chips file, so memory binds.
     assert min(roofline.CHIPS.values(), key=lambda c: c.hbm_bytes).key == "tpu-v5e"

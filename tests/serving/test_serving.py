@@ -81,7 +81,7 @@ def test_cache_equals_recompute_for_any_shape(prompt_len, steps, batch, layers, 
 
 # --------------------------------------------------------------------------- sharded
 
-QUICK = {("tp", 8), ("dp", 4)}  # fsdp_tp: test_explicit_2d_mesh...; the rest: slow sweep
+QUICK = {("tp", 8), ("dp", 4)}  # the rest (fsdp_tp too: test_explicit_2d_mesh...) in the slow sweep
 CASES = [(name, n) for name in serving.SERVED for n in (2, 4, 8)]
 
 
@@ -97,8 +97,10 @@ def test_sharded_generation_equals_one_device(name, n):
     np.testing.assert_allclose(np.asarray(out_logits), logits, atol=2e-5)
 
 
-@pytest.mark.parametrize("explicit", [False, True])
-@pytest.mark.parametrize("name", ["dp", "tp"])
+@pytest.mark.parametrize(("name", "explicit"), [
+    ("dp", True), ("tp", True),   # Explicit axes: jax.make_mesh's default
+    pytest.param("dp", False, marks=pytest.mark.slow),
+    pytest.param("tp", False, marks=pytest.mark.slow)])
 def test_auto_and_explicit_axes(name, explicit):
     params, prompt, tokens, _ = fixture()
     strategy = serving.STRATEGIES[name]
@@ -115,6 +117,7 @@ def test_auto_and_explicit_axes(name, explicit):
     assert cache[0]["k"].sharding.device_set == set(mesh.devices.flat)
 
 
+@pytest.mark.slow
 def test_explicit_2d_mesh_and_already_sharded_params():
     params, prompt, tokens, _ = fixture()
     strategy = serving.STRATEGIES["fsdp_tp"]
@@ -315,6 +318,7 @@ def test_cache_longer_than_the_positions_or_fed_past_its_end():
 # --------------------------------------------------------------------------- exercises
 
 
+@pytest.mark.slow
 def test_exercise_answers_kv_cache():
     # 1. Positions processed for 10 tokens after a 6-token prompt.
     assert sum(range(6, 16)) == 105 and 6 + 9 == 15
@@ -333,6 +337,7 @@ def test_exercise_answers_kv_cache():
                                   np.asarray(forward(params, noisy)[:, :PROMPT_LEN]))
 
 
+@pytest.mark.slow
 def test_exercise_answers_sharded_serving():
     params, prompt, _, _ = fixture()
     # 1. dp refuses a batch that does not split; tp serves a single sequence.

@@ -197,7 +197,8 @@ def test_good_values_in_numpy_types_are_accepted():
     assert tokens.shape == (2, 17)
     assert lm.check_tokens(np.asarray(tokens), config).shape == (2, 17)  # NumPy tokens too
     # eval_shape runs every check on the concrete NumPy arguments, and compiles nothing
-    out = jax.eval_shape(lambda: lm.forward(_params(), np.asarray(tokens)[:, :-1],
+    params = _params()   # outside the trace: _params is cached, and must not cache tracers
+    out = jax.eval_shape(lambda: lm.forward(params, np.asarray(tokens)[:, :-1],
                                             positions=np.arange(16, dtype=np.int64)))
     assert out.shape == (2, 16, 16)
 

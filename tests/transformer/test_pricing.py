@@ -35,6 +35,7 @@ def test_bad_input(call, error, word):
         call()
 
 
+@pytest.mark.slow
 def test_numpy_sizes_work_as_python_ones():
     config = {k: np.int64(v) for k, v in SMALL.items()}
     assert pricing.transformer_big_arrays(batch=np.int32(16), n_devices=np.int64(8), **config) \
@@ -43,6 +44,7 @@ def test_numpy_sizes_work_as_python_ones():
         pricing.transformer_counts("dp", batch=16, **SMALL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_devices_may_come_from_a_mesh_of_either_axis_type(explicit):
     mesh = mesh_of(8, ("a", "b"), (2, 4), explicit=explicit)
@@ -55,6 +57,7 @@ def test_devices_may_come_from_a_mesh_of_either_axis_type(explicit):
     assert fresh == listed
 
 
+@pytest.mark.slow
 def test_collectives_the_pricing_page_reads():
     """On XLA:CPU, fsdp all-reduces its gradients (no reduce-scatter) and tp_sp sends more
     than tp: the page says so, and says a GPU/TPU compiler is expected to differ."""

@@ -39,7 +39,7 @@ STEP_CASES = ("fsdp", "tp_sp", "cp_zigzag", "fsdp_tp")
 
 # The rest run in the slow sweep (.ci/run runs both). Every strategy runs on a mesh of Auto
 # axes (strategy.mesh's default) and on one of Explicit axes (jax.make_mesh's default).
-QUICK = {("tp", "auto"), ("fsdp_tp", "auto"), ("dp", "explicit")}
+QUICK = {("tp", "auto"), ("dp", "explicit")}
 
 
 @pytest.mark.parametrize(("name", "n", "axis_types"), [
