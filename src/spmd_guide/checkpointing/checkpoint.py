@@ -248,16 +248,21 @@ class SavedArray:
     chunk_shape: tuple[int, ...]
 
 
-def saved_arrays(directory: Any, *, step: int | None = None) -> dict[str, SavedArray]:
-    """Each array of a checkpoint by name (``params.blocks.0.wq``), read from its metadata
-    (step default: the latest complete step)."""
+def _metadata(directory: Any, step: int | None) -> Any:
+    """Orbax's metadata tree of a saved step (default: the latest complete one)."""
     path = _directory(directory, must_exist=True)
     step = _chosen_step(path, step)
     handler = ocp.StandardCheckpointHandler()
     try:
-        metadata = handler.metadata(epath.Path(path / str(step) / ITEM))
+        return handler.metadata(epath.Path(path / str(step) / ITEM))
     finally:
         handler.close()
+
+
+def saved_arrays(directory: Any, *, step: int | None = None) -> dict[str, SavedArray]:
+    """Each array of a checkpoint by name (``params.blocks.0.wq``), read from its metadata
+    (step default: the latest complete step)."""
+    metadata = _metadata(directory, step)
     found = {}
     for leaf in jax.tree.leaves(metadata):
         chunks = getattr(getattr(leaf, "storage", None), "chunk_shape", None)
@@ -271,13 +276,7 @@ def saved_layout(directory: Any, *, step: int | None = None) -> Any:
     shardings they were saved with (on the same devices, so only in a process that has
     them; arrays saved from NumPy on the first device). The tree has the saved structure,
     with optax's named tuples as plain dicts and lists."""
-    path = _directory(directory, must_exist=True)
-    step = _chosen_step(path, step)
-    handler = ocp.StandardCheckpointHandler()
-    try:
-        metadata = handler.metadata(epath.Path(path / str(step) / ITEM))
-    finally:
-        handler.close()
+    metadata = _metadata(directory, step)
     first = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def leaf(m):  # an array saved from NumPy has no sharding: it comes back on one device
