@@ -12,7 +12,8 @@ The pages are the ones the build reads (``_toc.yml``). Measured, one after anoth
 - **pages**: each page executed on its own, top to bottom in a fresh kernel, as the build does;
 - **plain scripts**: the same pages converted with jupytext and run as ``python page.py`` one
   after another (the floor the build is compared with);
-- **build from nothing**: ``jupyter-book clean --all book/`` then the README's build command
+- **build from nothing**: ``_build`` (the site and the execution cache) removed, then the
+  README's build command
   (strict, ``-W -n --keep-going``): every page executed;
 - **rebuild, nothing changed**; **rebuild after editing one page** (a code cell appended to
   the first page, then taken out again); **rebuild after editing a package module** (a comment
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,7 +73,8 @@ def execute(path: Path) -> float:
 
 def run_as_scripts(pages: list[Path]) -> float:
     """Seconds to run every page as a plain Python script, one after another (IPython magics,
-    which a script cannot run, are left out by jupytext's conversion)."""
+    which a script cannot run, are left out by jupytext's conversion; IPython's ``display``
+    is imported)."""
     import jupytext
 
     total = 0.0
@@ -79,6 +82,9 @@ def run_as_scripts(pages: list[Path]) -> float:
         for page in pages:
             script = Path(tmp) / f"{page.parent.name}__{page.stem}.py"
             jupytext.write(jupytext.read(page), script, fmt="py:percent")
+            # IPython's builtin `display`, which the pages call, as a script imports it.
+            script.write_text("from IPython.display import display  # noqa\n"
+                              + script.read_text())
             start = time.perf_counter()
             subprocess.run([sys.executable, str(script)], cwd=page.parent, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -158,8 +164,8 @@ def main() -> None:
     scripts_s = run_as_scripts(pages)
     jupyter_book = str(Path(sys.executable).with_name("jupyter-book"))
     build = [jupyter_book, "build", "book/", "-W", "-n", "--keep-going"]
-    timed([jupyter_book, "clean", "--all", "book/"])
-    build_s, _ = timed(build)
+    shutil.rmtree(ROOT / "_build", ignore_errors=True)   # the site and the execution cache
+    build_s, build_log = timed(build)
     nothing_s, nothing_log = timed(build)
     first = pages[0]
     one_s, one_log = with_edit(first, "\n```{code-cell} ipython3\nprint('edited')\n```\n",
@@ -176,9 +182,11 @@ def main() -> None:
     summary = [
         {"what": "pages as plain scripts, one after another", "seconds": round(scripts_s, 1),
          "budget": "", "ok": ""},
-        {"what": "build from nothing (README's command, strict)", "seconds": round(build_s, 1),
-         "budget": f"<= {BUILD_RATIO_BUDGET} x scripts",
-         "ok": "yes" if build_s <= BUILD_RATIO_BUDGET * scripts_s else "NO"},
+        {"what": f"build from nothing (README's command, strict; "
+                 f"{len(executed_pages(build_log))} pages executed)",
+         "seconds": round(build_s, 1), "budget": f"<= {BUILD_RATIO_BUDGET} x scripts",
+         "ok": "yes" if build_s <= BUILD_RATIO_BUDGET * scripts_s
+         and len(executed_pages(build_log)) == len(pages) else "NO"},
         {"what": "rebuild, nothing changed", "seconds": round(nothing_s, 1),
          "budget": "", "ok": "yes" if not executed_pages(nothing_log) else "NO"},
         {"what": f"rebuild after editing {first_name}", "seconds": round(one_s, 1),

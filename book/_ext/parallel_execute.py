@@ -15,7 +15,7 @@ followed through the package's own imports (``import spmd_guide`` itself brings 
 ``__init__`` and what it imports), the data files beside those modules, and the installed JAX.
 The cache records that fingerprint with each run, and pages whose fingerprint changed are handed
 back to Sphinx as outdated, so a rebuild never shows the output of old code. A fresh clone (or
-``jupyter-book clean --all book/``) has no cache, so every page runs.
+``rm -rf _build``) has no cache, so every page runs.
 """
 
 from __future__ import annotations

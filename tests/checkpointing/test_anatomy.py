@@ -47,7 +47,8 @@ def _orbax_pieces(x, parallel):
                   for r in found.replica_slices)
 
 
-@pytest.mark.parametrize("parallel", [pytest.param(True, marks=pytest.mark.slow), False])
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", [True, False])
 def test_written_pieces_are_orbaxs_and_tile_each_array_once(parallel):
     arrays = jax.tree.leaves(_state()) + [
         jax.device_put(np.arange(6.0), NamedSharding(mesh_of(4, ("a", "b"), (2, 2)), P())),

@@ -39,6 +39,7 @@ def _resumed(tmp_path, first: tuple[str, int], second: tuple[str, int], k: int,
     return a + b
 
 
+@pytest.mark.slow
 def test_resume_under_the_same_strategy_is_exact(tmp_path):
     losses = _resumed(tmp_path, ("fsdp", 8), ("fsdp", 8), 4, save_every=1)
     assert tuple(losses) == straight("fsdp", 8)

@@ -72,7 +72,8 @@ def test_a_different_count_after_jax_started_says_how_to_fix():
     assert "restart the kernel" in message
 
 
-@pytest.mark.parametrize("n", [1, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 4])
 def test_fresh_process_gets_exactly_n_cpu_devices(n):
     out = run_python(
         f"""

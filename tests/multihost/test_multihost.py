@@ -126,6 +126,7 @@ def described():
                   timeout=120)
 
 
+@pytest.mark.slow
 def test_two_processes_share_eight_global_devices(described):
     values = [r.value for r in described]
     assert [v["process_index"] for v in values] == [0, 1]

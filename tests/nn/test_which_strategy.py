@@ -113,6 +113,7 @@ def test_data_axis_size():
     assert which_strategy.data_axis_size(64, 8, min_batch_per_device=16) == 4
 
 
+@pytest.mark.slow
 def test_measured_traffic():
     sizes, devices = [8, 8], DEVICES[:4]
     rows = which_strategy.measure_traffic(["dp", "tp"], layer_sizes=sizes, batch_sizes=[8, 32],

@@ -81,7 +81,7 @@ def test_cache_equals_recompute_for_any_shape(prompt_len, steps, batch, layers, 
 
 # --------------------------------------------------------------------------- sharded
 
-QUICK = {("tp", 8), ("dp", 4)}  # the rest (fsdp_tp too: test_explicit_2d_mesh...) in the slow sweep
+QUICK = {("tp", 8)}  # dp: test_auto_and_explicit_axes; the rest (fsdp_tp too: test_explicit_2d_mesh...) in the slow sweep
 CASES = [(name, n) for name in serving.SERVED for n in (2, 4, 8)]
 
 

@@ -77,7 +77,8 @@ def _saved(n, explicit=False):
             attention.saved_for_backward(q, k, v, mesh, "seq", causal=True)}, k.nbytes
 
 
-@pytest.mark.parametrize("explicit", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("explicit", [False, True])
 def test_backward_keeps_every_kv_block(explicit):
     """ring_attention.md (review M1): the autodiff ring keeps the device's own K and V and
     the 2(n-1) blocks it received, the bytes of the whole sequence's K and V; the rows add up

@@ -70,6 +70,7 @@ def test_collectives_the_pricing_page_reads():
     assert tp_sp.comm_bytes > tp.comm_bytes
 
 
+@pytest.mark.slow
 def test_transformer_counts_match_the_closed_form_and_split_the_work_evenly():
     """6 x matmul parameters x tokens, plus attention's two s x s matmuls (forward and
     backward), divided over 8 devices; dp and tp do the same arithmetic."""
