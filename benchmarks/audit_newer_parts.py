@@ -290,7 +290,7 @@ BAD.update({
     "schedules: for_bubble 1": lambda: schedules.microbatches_for_bubble(4, 1.0),
     "schedules: for_bubble nan": lambda: schedules.microbatches_for_bubble(4, NAN),
     "schedules: for_bubble relative": lambda: schedules.microbatches_for_bubble(
-        4, 0.1, relative_to="ideal"),
+        4, 0.1, relative_to="Ideal"),
     "schedules: for_bubble str": lambda: schedules.microbatches_for_bubble(4, "0.1"),
     "schedules: bubble_rows str": lambda: schedules.bubble_rows(4, "8"),
     "schedules: bubble_rows 0": lambda: schedules.bubble_rows(4, [0]),
@@ -447,8 +447,8 @@ BAD.update({
     "roofline: speedup comm -1": lambda: roofline.overlap_speedup(1.0, -1.0),
     "roofline: speedup nan": lambda: roofline.overlap_speedup(NAN, 1.0),
     "roofline: balance ways 0": lambda: roofline.ring_matmul_balance_rows(0, "tpu-v4"),
-    "roofline: cm_times ways indivisible": lambda: roofline.collective_matmul_times(
-        64, 64, 64, 3, "tpu-v4"),
+    "roofline: cm_times ways 0": lambda: roofline.collective_matmul_times(
+        64, 64, 64, 0, "tpu-v4"),
     "roofline: cm_times m 0": lambda: roofline.collective_matmul_times(0, 64, 64, 4, "tpu-v4"),
     "roofline: mlp sizes one": lambda: roofline.mlp_matmul_flops([8], 4),
     "roofline: mlp sizes str": lambda: roofline.mlp_matmul_flops("8,16", 4),
@@ -488,8 +488,6 @@ BAD.update({
                                                         command="c", settings=[1], rows=[]),
     "results: save rows of ints": lambda: results.save(f"{WORK}/a.json", benchmark="b",
                                                        command="c", settings={}, rows=[1, 2]),
-    "results: save nan": lambda: results.save(f"{WORK}/a.json", benchmark="b", command="c",
-                                              settings={}, rows=[{"t": NAN}]),
     "results: save path int": lambda: results.save(3, benchmark="b", command="c", settings={},
                                                    rows=[]),
     "results: load missing": lambda: results.load(f"{WORK}/missing.json"),
@@ -561,10 +559,10 @@ BAD.update({
     "ring_costs: memory_row str": lambda: ring_costs.memory_row("compiled"),
     "ring_costs: before_first str": lambda: ring_costs.matmuls_before_first_transfer(None),
     "ring_costs: summed str": lambda: ring_costs.summed_at_end("x"),
-    "ring_costs: words unit": lambda: ring_costs.amounts_in_words({"a": 1}, unit="kB"),
+    "ring_costs: words unit": lambda: ring_costs.amounts_in_words({"a": 1}, unit=3),
     "ring_costs: words negative": lambda: ring_costs.amounts_in_words({"a": -1}),
     "ring_costs: words str": lambda: ring_costs.amounts_in_words("a"),
-    "ring_costs: schedule ring 1": lambda: ring_costs.ring_schedule("allgather", 1),
+    "ring_costs: schedule ring 1": lambda: ring_costs.ring_schedule("allgather", [4]),
     "ring_costs: schedule name": lambda: ring_costs.ring_schedule("allgather ", 4),
     "ring_costs: draw ring 0": lambda: ring_costs.draw_ring("allgather", 0),
     # ---- checkpoint
@@ -629,7 +627,7 @@ BAD.update({
     "serving: cached start str": lambda: serving.cached_attention(Q[:, :1], KC, KC, start="0"),
     "serving: server strategy unknown": lambda: serving.server(CFG, strategy="dpp", mesh=M2),
     "serving: server cp": lambda: serving.server(CFG, strategy="cp", mesh=mesh_of(2, ("seq",))),
-    "serving: server strategy no mesh": lambda: serving.server(CFG, strategy="dp"),
+    "serving: server mesh str": lambda: serving.server(CFG, strategy="dp", mesh="m"),
     "serving: server wrong axes": lambda: serving.server(CFG, strategy="dp", mesh=M2),
     "serving: cache max_len > seq_len": lambda: serving.init_cache(CFG, batch=1, max_len=9),
     "serving: cache_bytes str": lambda: serving.cache_bytes("cache"),
@@ -760,6 +758,9 @@ VALID = {
         f"{WORK}/n.json", benchmark="b", command=["python", "x"],
         settings={"n": np.int64(2)}, rows=[{"t": np.float32(0.5), "n": np.int64(3)}]),
     "results: load path str": lambda: results.load(str(RES)),
+    "results: NaN propagates (documented)": lambda: math.isnan(results.load(results.save(
+        f"{WORK}/nan.json", benchmark="b", command="c", settings={},
+        rows=[{"t": NAN}])).rows[0]["t"]) or 1 / 0,
     "cheat_sheet: spec_text numpy ndim": lambda: cheat_sheet.spec_text(
         jax.sharding.NamedSharding(M2, jax.P("x")), np.int64(2)),
     "which_strategy: numpy": lambda: which_strategy.recommend(

@@ -161,6 +161,10 @@ def _with_shardings(tree: Any, shardings: Any) -> Any:
 
 def abstract_state(run: Run) -> Any:
     """:func:`state_like` for a prepared run."""
+    if not isinstance(run, Run):
+        raise checks.InputTypeError(
+            f"run must be a Run from prepare(config, strategy=..., n_devices=..., batch=...), "
+            f"got {checks._show(run)}.")
     return _state(run.mesh, run.params, run.opt_state)
 
 
@@ -268,11 +272,21 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
 
 
 def max_abs_difference(a: Sequence[float], b: Sequence[float]) -> float:
-    """The largest ``|a[i] - b[i]|`` of two loss curves of the same length."""
+    """The largest ``|a[i] - b[i]|`` of two loss curves of the same length (finite
+    numbers: a NaN loss is refused, as it would hide any difference)."""
+    a = [checks.real(f"a[{i}]", x) for i, x in enumerate(_curve("a", a))]
+    b = [checks.real(f"b[{i}]", x) for i, x in enumerate(_curve("b", b))]
     if len(a) != len(b):
         raise checks.InputError(f"the curves have {len(a)} and {len(b)} points; compare "
                                 f"curves of the same length.")
     return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+def _curve(name: str, values: Any) -> list[Any]:
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"{name} must be a sequence of losses such as [2.7, 2.5], got {checks._show(values)}.")
+    return list(np.ravel(values)) if isinstance(values, np.ndarray) else list(values)
 
 
 def steps_per_epoch(*, batch: int, examples: int = EXAMPLES) -> int:

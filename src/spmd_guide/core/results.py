@@ -119,7 +119,8 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str] | s
 
     ``command`` is how the run was started: the words of ``sys.argv``, or one command line
     as a string (``"benchmarks/strategies.py --runs 3"``); ``--json PATH`` is left out.
-    NumPy scalars and arrays in ``settings`` and ``rows`` are stored as numbers and lists.
+    NumPy scalars and arrays in ``settings`` and ``rows`` are stored as numbers and lists;
+    a NaN (a run that measured nothing) propagates: stored as ``NaN``, loaded back as NaN.
     Every row must have the same columns.
     """
     path = _path("path", path)

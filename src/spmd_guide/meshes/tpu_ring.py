@@ -32,6 +32,17 @@ class TrayDevice:
     device_kind: str = "TPU v3"
     platform: str = "tpu"
 
+    def __post_init__(self) -> None:
+        checks.count("id", self.id, minimum=0)
+        coords = self.coords
+        if isinstance(coords, (str, bytes)) or not isinstance(coords, Sequence) \
+                or len(coords) != 3:
+            raise checks.InputTypeError(
+                f"coords must be three integers (x, y, z) such as (0, 1, 0), got {coords!r}.")
+        object.__setattr__(self, "coords", tuple(
+            checks.count(f"coords[{i}]", c, minimum=0) for i, c in enumerate(coords)))
+        checks.count("core_on_chip", self.core_on_chip, minimum=0)
+
 
 def tpu_v3_tray() -> list[TrayDevice]:
     """Stand-ins for the 8 devices of a TPU v3 board: 4 chips in a 2x2

@@ -212,6 +212,12 @@ def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
             f"expert has {expert.shape[0]} tokens (shape {tuple(expert.shape)}) but probs has "
             f"{probs.shape[0]} (shape {tuple(probs.shape)}); both are [tokens, ...].")
     n_experts = probs.shape[-1]
+    if not checks._is_traced(expert) and expert.size:
+        low, high = int(np.min(expert)), int(np.max(expert))
+        if low < 0 or high >= n_experts:
+            raise checks.InputError(
+                f"expert ids must be in [0, {n_experts}) (probs has {n_experts} experts), got "
+                f"ids from {low} to {high}.")
     hot = jax.nn.one_hot(expert, n_experts, dtype=probs.dtype)
     share = jnp.mean(hot, axis=(0, 1))
     return n_experts * jnp.sum(share * jnp.mean(probs, axis=0))

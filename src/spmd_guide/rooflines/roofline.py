@@ -137,6 +137,9 @@ def load_chips(path: str | os.PathLike[str] = CHIPS_FILE) -> dict[str, Chip]:
     without a source, or without a citation for each of its rates."""
     if not isinstance(path, (str, os.PathLike)):
         raise checks.InputTypeError(f"path must be a file path, got {path!r}.")
+    if not os.path.isfile(path):
+        raise checks.InputError(
+            f"path {str(path)!r} is not a file; pass a TOML file like {str(CHIPS_FILE)!r}.")
     with open(path, "rb") as file:
         table = tomllib.load(file).get("chip", {})
     wanted = {f.name for f in fields(Chip)} - {"key"}

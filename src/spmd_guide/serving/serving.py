@@ -37,7 +37,14 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.transformer.lm import Config, Params, check_params, forward, param_shapes
+from spmd_guide.transformer.lm import (
+    Config,
+    Params,
+    check_config,
+    check_params,
+    forward,
+    param_shapes,
+)
 from spmd_guide.transformer.transformer import STRATEGIES, Strategy
 
 __all__ = ["SERVED", "CacheWriter", "Server", "abstract_params", "cache_bytes",
@@ -61,8 +68,22 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, start: jax.Arr
     """Causal attention of ``s`` new queries ``[batch, s, heads, head_dim]`` at positions
     ``start .. start + s - 1`` over a cache of keys and values ``[batch, heads, max_len,
     head_dim]``. A query sees the keys at its own position and before; later slots (not
-    yet written) are masked."""
-    s, max_len = q.shape[1], k.shape[2]
+    yet written) are masked. ``start`` may be traced; a concrete one must leave room for the
+    ``s`` queries in the cache."""
+    q = checks.array("q", q, ndim=4, dtype_kind="f")
+    k = checks.array("k", k, ndim=4, dtype_kind="f")
+    v = checks.array("v", v, ndim=4, dtype_kind="f")
+    b, s, heads, dim = q.shape
+    if k.shape[0] != b or k.shape[1] != heads or k.shape[3] != dim or v.shape != k.shape:
+        raise checks.InputError(
+            f"k and v must be caches [batch, heads, max_len, head_dim] = [{b}, {heads}, max_len, "
+            f"{dim}] for q of shape {tuple(q.shape)} [batch, s, heads, head_dim], got k "
+            f"{tuple(k.shape)} and v {tuple(v.shape)}.")
+    max_len = k.shape[2]
+    if not checks._is_traced(start):
+        if isinstance(start, jax.Array) and start.shape == ():
+            start = np.asarray(start)  # a concrete JAX scalar: checked as a NumPy one
+        start = checks.count("start", start, minimum=0, maximum=max_len - s)
     scores = jnp.einsum("bqhd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
     q_pos = start + jnp.arange(s)
     scores = jnp.where(jnp.arange(max_len)[None, :] <= q_pos[:, None], scores, _NEG)
@@ -391,6 +412,11 @@ def recompute_generate(params: Params, prompt: Any, *, config: Config, steps: in
 def abstract_params(config: Config, srv: Server) -> Params:
     """The parameters of ``config`` as ``jax.ShapeDtypeStruct``s laid out as ``srv`` places
     them: a model of any size, nothing allocated."""
+    config = check_config(config)
+    if not isinstance(srv, Server):
+        raise checks.InputTypeError(
+            f"srv must be a Server from server(config, strategy=..., mesh=...), got "
+            f"{checks._show(srv)}.")
     dtype = jnp.dtype(config.dtype)
     shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
                           is_leaf=lambda x: isinstance(x, tuple))

@@ -154,7 +154,7 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
             f"{checks._show(by)}.")
     for key in by:
         checks.one_of("breakdown key", key, ("pass", "where", "axis"))
-    if "axis" in by:
+    if "axis" in by or mesh is not None:
         checks.mesh("mesh", mesh)
     if not isinstance(module, str) or not module:
         raise checks.InputTypeError(
