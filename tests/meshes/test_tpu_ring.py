@@ -86,6 +86,9 @@ BAD_INPUT = [
     ("grid 1-D", lambda: tpu_ring.grid_hops(TRAY, np.arange(8)), InputError, "2-D"),
     ("grid repeats a device", lambda: tpu_ring.grid_hops(TRAY, [[0, 1], [1, 2]]), InputError,
      "twice"),
+    ("TrayDevice with two coords", lambda: tpu_ring.TrayDevice(0, (0, 0), 0), InputTypeError,
+     "three integers"),
+    ("TrayDevice id -1", lambda: tpu_ring.TrayDevice(-1, (0, 0, 0), 0), InputError, "id"),
     ("grid of strings", lambda: tpu_ring.grid_hops(TRAY, [["a", "b"]]), InputTypeError,
      "integer"),
 ]

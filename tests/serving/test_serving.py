@@ -356,3 +356,24 @@ def test_exercise_answers_sharded_serving():
                if op.kind == "all-reduce"]
     assert sum(op.bytes_sent for op in reduces) == CONFIG.n_layers * 16 * (n - 1) * BATCH \
         * CONFIG.d_model // n
+
+
+_Q, _CACHE = np.ones((1, 1, 2, 4), np.float32), np.ones((1, 2, 8, 4), np.float32)
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda: serving.cached_attention(_Q[0], _CACHE, _CACHE, start=0), "4 dimension"),
+    (lambda: serving.cached_attention(_Q, _CACHE[..., :2], _CACHE, start=0), "caches"),
+    (lambda: serving.cached_attention(_Q, _CACHE, _CACHE, start=-1), "at least 0"),
+    (lambda: serving.cached_attention(_Q, _CACHE, _CACHE, start=8), "at most 7"),
+    (lambda: serving.cached_attention(_Q, _CACHE, _CACHE, start="0"), "integer"),
+    (lambda: serving.abstract_params(serving.Config(), "server"), "Server"),
+], ids=["q 3-D", "k head_dim", "start -1", "start past the cache", "start a string",
+        "srv a string"])
+def test_cached_attention_and_abstract_params_refuse_bad_input(call, words):
+    with pytest.raises(checks.InputError, match=words):
+        call()
+
+
+def test_cached_attention_takes_a_numpy_start():
+    assert serving.cached_attention(_Q, _CACHE, _CACHE, start=np.int32(3)).shape == _Q.shape

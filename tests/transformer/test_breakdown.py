@@ -78,6 +78,8 @@ BAD = {
                           ValueError, "breakdown key"),
     "axis without a mesh": (lambda t, m: breakdown.collective_breakdown(t, by=("axis",)),
                             TypeError, "Mesh"),
+    "mesh a string": (lambda t, m: breakdown.collective_breakdown(t, "mesh"), TypeError,
+                      "Mesh"),
     "module 3": (lambda t, m: breakdown.collective_breakdown(t, m, module=3), TypeError,
                  "module"),
     "collectives of bytes": (lambda t, m: breakdown.collectives(b"x"), TypeError, "text"),
