@@ -176,3 +176,13 @@ def test_the_loss_is_a_python_float_per_step(tmp_path):
     losses = straight("fsdp", 8)
     assert len(losses) == 8 and all(isinstance(x, float) for x in losses)
     assert os.path.isdir(tmp_path)
+
+
+def test_helpers_refuse_what_is_not_theirs():
+    with pytest.raises(InputTypeError, match="run"):
+        training.abstract_state("a run")
+    with pytest.raises((InputError, InputTypeError), match="a"):
+        training.max_abs_difference("abc", [1.0, 2.0, 3.0])
+    with pytest.raises(InputError, match="a\\[1\\]"):
+        training.max_abs_difference([1.0, float("nan")], [1.0, 2.0])
+    assert training.max_abs_difference(np.array([1.0, 2.0]), [1.0, 2.5]) == 0.5

@@ -283,6 +283,8 @@ def _other_bad_cases(params, x):
     E, TE = checks.InputError, checks.InputTypeError
     return [
         (moe.capacity, (-32,), cap, E, "tokens must be at least 1, got -32"),
+        (moe.load_balancing_loss, (routing.probs, jnp.full(routing.expert.shape, 8, jnp.int32)),
+         {}, E, "expert ids must be in"),
         (moe.capacity, (32,), {**cap, "top_k": 9}, E, "top_k must be at most 8, got 9"),
         (moe.capacity, (32,), {**cap, "n_experts": 0}, E, "n_experts"),
         (moe.capacity, (32.0,), cap, TE, "tokens must be an integer"),

@@ -365,6 +365,7 @@ WORK = roofline.Counts(1e9, 1e6, 1e6)
     (lambda: roofline.tp_min_width("h200", 1), InputError, "n"),
     (lambda: roofline.overlap_speedup(0, 0), InputError, "nothing"),
     (lambda: roofline.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
+    (lambda: roofline.load_chips("no/such/chips.toml"), InputError, "chips.toml"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
