@@ -48,7 +48,7 @@ def _arrays(name: str, tree: Any) -> list[tuple[str, jax.Array]]:
         if not isinstance(x, jax.Array):
             raise checks.InputTypeError(
                 f"{name} leaf {checkpoint._name(path)!r} must be a jax.Array (placed on "
-                f"devices), got {checks._show(x)}.")
+                f"devices), got {checks.value_text(x)}.")
     return [(checkpoint._name(path), x) for path, x in leaves]
 
 
@@ -131,7 +131,7 @@ def written_pieces(array: jax.Array, *, replica_parallel: bool | None = None
     """The pieces of ``array`` a save writes: ``(device, ((start, stop), ...))``, each element
     of the array in exactly one piece. ``replica_parallel`` defaults to Orbax's default."""
     if not isinstance(array, jax.Array):
-        raise checks.InputTypeError(f"array must be a jax.Array, got {checks._show(array)}.")
+        raise checks.InputTypeError(f"array must be a jax.Array, got {checks.value_text(array)}.")
     if replica_parallel is None:
         replica_parallel = _default_replica_parallel()
     shape = tuple(array.shape)

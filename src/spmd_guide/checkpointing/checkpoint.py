@@ -50,7 +50,7 @@ ITEM = "default"
 def _directory(directory: Any, *, must_exist: bool) -> pathlib.Path:
     if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)):
         raise checks.InputTypeError(
-            f"directory must be a path (a str or pathlib.Path), got {checks._show(directory)}.")
+            f"directory must be a path (a str or pathlib.Path), got {checks.value_text(directory)}.")
     path = pathlib.Path(directory).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise checks.InputError(f"directory {str(path)!r} is a file, not a directory.")
@@ -82,7 +82,7 @@ def _state_leaves(state: Any) -> Any:
     ``None`` is an empty subtree, as in JAX (optax states have some)."""
     if not jax.tree.leaves(state):
         raise checks.InputError(f"state must hold at least one array, got "
-                                f"{checks._show(state)}.")
+                                f"{checks.value_text(state)}.")
 
     def leaf(path, x):
         checks.array(f"state leaf {_name(path)!r}", x)
@@ -216,7 +216,7 @@ def abstract(like: Any) -> Any:
     """``like`` as ``jax.ShapeDtypeStruct`` leaves with shardings (what Orbax restores into);
     refuses leaves that say no layout."""
     if not jax.tree.leaves(like):
-        raise checks.InputError(f"like must hold at least one array, got {checks._show(like)}.")
+        raise checks.InputError(f"like must hold at least one array, got {checks.value_text(like)}.")
 
     def leaf(path, x):
         name = _name(path)
@@ -233,7 +233,7 @@ def abstract(like: Any) -> Any:
         raise checks.InputTypeError(
             f"like leaf {name!r} must be a jax.Array or a jax.ShapeDtypeStruct with a "
             f"sharding (jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, "
-            f"spec))), got {checks._show(x)}.")
+            f"spec))), got {checks.value_text(x)}.")
 
     return jax.tree_util.tree_map_with_path(leaf, like)
 

@@ -59,7 +59,7 @@ class Run:
 def _check_config(config: Any) -> lm.Config:
     if not isinstance(config, lm.Config):
         raise checks.InputTypeError(
-            f"config must be a spmd_guide.transformer.lm.Config, got {checks._show(config)}.")
+            f"config must be a spmd_guide.transformer.lm.Config, got {checks.value_text(config)}.")
     return config
 
 
@@ -164,7 +164,7 @@ def abstract_state(run: Run) -> Any:
     if not isinstance(run, Run):
         raise checks.InputTypeError(
             f"run must be a Run from prepare(config, strategy=..., n_devices=..., batch=...), "
-            f"got {checks._show(run)}.")
+            f"got {checks.value_text(run)}.")
     return _state(run.mesh, run.params, run.opt_state)
 
 
@@ -285,7 +285,7 @@ def max_abs_difference(a: Sequence[float], b: Sequence[float]) -> float:
 def _curve(name: str, values: Any) -> list[Any]:
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, (Sequence, np.ndarray)):
         raise checks.InputTypeError(
-            f"{name} must be a sequence of losses such as [2.7, 2.5], got {checks._show(values)}.")
+            f"{name} must be a sequence of losses such as [2.7, 2.5], got {checks.value_text(values)}.")
     return list(np.ravel(values)) if isinstance(values, np.ndarray) else list(values)
 
 

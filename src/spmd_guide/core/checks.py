@@ -34,12 +34,15 @@ class InputTypeError(InputError, TypeError):
     """An argument has a type the function cannot use."""
 
 
-def _show(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters: how every error message quotes the bad value."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_traced(value: Any) -> bool:
+def is_traced(value: Any) -> bool:
+    """Whether ``value`` is a tracer (inside ``jit``/``grad``): its values cannot be checked,
+    only its shape and dtype."""
     return isinstance(value, jax.core.Tracer)
 
 
@@ -54,7 +57,7 @@ def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None
             value = value.item()
         else:
             raise InputTypeError(
-                f"{name} must be an integer, got {_show(value)} ({type(value).__name__}).")
+                f"{name} must be an integer, got {value_text(value)} ({type(value).__name__}).")
     value = int(value)
     if value < minimum:
         raise InputError(f"{name} must be at least {minimum}, got {value}.")
@@ -67,10 +70,10 @@ def counts(name: str, values: Any, *, minimum: int = 1, min_length: int = 1) -> 
     """A sequence of integers (list, tuple or 1-D integer array), each at least ``minimum``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise InputTypeError(
-            f"{name} must be a sequence of integers such as (4, 2), got {_show(values)}.")
+            f"{name} must be a sequence of integers such as (4, 2), got {value_text(values)}.")
     items = [count(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(list(values))]
     if len(items) < min_length:
-        raise InputError(f"{name} needs at least {min_length} entries, got {_show(values)}.")
+        raise InputError(f"{name} needs at least {min_length} entries, got {value_text(values)}.")
     return tuple(items)
 
 
@@ -81,14 +84,14 @@ def real(name: str, value: Any, *, positive: bool = False, minimum: float | None
     A traced value (inside ``jit``) is returned unchecked. Concrete values come back as
     ``float`` so they can be cached and hashed.
     """
-    if _is_traced(value):
+    if is_traced(value):
         return value
     if isinstance(value, bool) or isinstance(value, (str, bytes)) or value is None:
-        raise InputTypeError(f"{name} must be a real number, got {_show(value)}.")
+        raise InputTypeError(f"{name} must be a real number, got {value_text(value)}.")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise InputTypeError(f"{name} must be a real number, got {_show(value)}.") from None
+        raise InputTypeError(f"{name} must be a real number, got {value_text(value)}.") from None
     if not math.isfinite(number):
         raise InputError(f"{name} must be a finite number, got {number}.")
     if positive and number <= 0:
@@ -127,7 +130,7 @@ def key(name: str, value: Any) -> jax.Array:
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return jax.random.key(int(value))
-    if isinstance(value, (jax.Array, np.ndarray)) or _is_traced(value):
+    if isinstance(value, (jax.Array, np.ndarray)) or is_traced(value):
         dtype = value.dtype
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
             if value.shape != ():
@@ -139,7 +142,7 @@ def key(name: str, value: Any) -> jax.Array:
             return value
     raise InputTypeError(
         f"{name} must be a random key such as jax.random.key(0) (or an int seed), got "
-        f"{_show(value)}.")
+        f"{value_text(value)}.")
 
 
 def array(name: str, value: Any, *, ndim: int | None = None, min_ndim: int = 0,
@@ -151,17 +154,17 @@ def array(name: str, value: Any, *, ndim: int | None = None, min_ndim: int = 0,
     integers, ``"f"`` for floats) the dtype must be one of.
     """
     if value is None or isinstance(value, (str, bytes, Mapping)):
-        raise InputTypeError(f"{name} must be an array, got {_show(value)}.")
+        raise InputTypeError(f"{name} must be an array, got {value_text(value)}.")
     if not (isinstance(value, (jax.Array, np.ndarray, jax.ShapeDtypeStruct))
-            or _is_traced(value)):
+            or is_traced(value)):
         try:
             value = np.asarray(value)
         except (TypeError, ValueError):
-            raise InputTypeError(f"{name} must be an array, got {_show(value)}.") from None
+            raise InputTypeError(f"{name} must be an array, got {value_text(value)}.") from None
 
     if isinstance(value, np.ndarray) and _kind(value.dtype) in "OSUV":
         raise InputTypeError(
-            f"{name} must be an array of numbers, got {_show(value)} (dtype {value.dtype}).")
+            f"{name} must be an array of numbers, got {value_text(value)} (dtype {value.dtype}).")
     if ndim is not None and len(value.shape) != ndim:
         raise InputError(
             f"{name} must have {ndim} dimension(s), got shape {tuple(value.shape)}.")
@@ -193,7 +196,7 @@ def array_tree(name: str, tree: Any) -> list[Any]:
     """
     leaves = jax.tree.leaves(tree, is_leaf=lambda x: x is None)
     if not leaves:
-        raise InputError(f"{name} must hold at least one array, got {_show(tree)}.")
+        raise InputError(f"{name} must hold at least one array, got {value_text(tree)}.")
     return [array(f"a leaf of {name}", leaf) for leaf in leaves]
 
 
@@ -213,7 +216,7 @@ def mesh(name: str, value: Any) -> Mesh:
     if not isinstance(value, Mesh):
         raise InputTypeError(
             f"{name} must be a jax.sharding.Mesh such as jax.make_mesh((8,), ('x',)), got "
-            f"{_show(value)}.")
+            f"{value_text(value)}.")
     return value
 
 
@@ -222,7 +225,7 @@ def axis(mesh_: Mesh, axis_name: Any, *, name: str = "axis_name") -> int:
     mesh(name="mesh", value=mesh_)
     if not isinstance(axis_name, str):
         raise InputTypeError(
-            f"{name} must be a mesh axis name (a string), got {_show(axis_name)}; this mesh "
+            f"{name} must be a mesh axis name (a string), got {value_text(axis_name)}; this mesh "
             f"has axes {tuple(mesh_.axis_names)}.")
     if axis_name not in mesh_.shape:
         raise InputError(
@@ -244,7 +247,7 @@ def spec_fits(name: str, shape: Sequence[int], spec: Any, mesh_: Mesh) -> None:
     if not isinstance(spec, PartitionSpec):
         raise InputTypeError(
             f"the layout of {name} must be a PartitionSpec such as P('x', None), got "
-            f"{_show(spec)}.")
+            f"{value_text(spec)}.")
     if len(spec) > len(shape):
         raise InputError(
             f"{spec} names {len(spec)} dimensions, but {name} has shape {tuple(shape)}.")
@@ -271,7 +274,7 @@ def sharding(name: str, value: Any) -> jax.sharding.Sharding:
                 if isinstance(value, PartitionSpec) else "")
         raise InputTypeError(
             f"{name} must be a jax.sharding.Sharding such as NamedSharding(mesh, P('x')), got "
-            f"{_show(value)}{hint}.")
+            f"{value_text(value)}{hint}.")
     return value
 
 
@@ -287,19 +290,19 @@ def one_of[T](name: str, value: Any, choices: Iterable[T] | Mapping[T, Any]) -> 
         ok = False
     if not ok:
         shown = ", ".join(repr(c) for c in options)
-        raise InputError(f"unknown {name} {_show(value)}; choose one of {shown}.")
+        raise InputError(f"unknown {name} {value_text(value)}; choose one of {shown}.")
     return value
 
 
 def function(name: str, value: Any) -> Callable[..., Any]:
     """A callable."""
     if not callable(value):
-        raise InputTypeError(f"{name} must be a function, got {_show(value)}.")
+        raise InputTypeError(f"{name} must be a function, got {value_text(value)}.")
     return value
 
 
 def flag(name: str, value: Any) -> bool:
     """A ``bool`` (not 0/1, not a string)."""
     if not isinstance(value, (bool, np.bool_)):
-        raise InputTypeError(f"{name} must be True or False, got {_show(value)}.")
+        raise InputTypeError(f"{name} must be True or False, got {value_text(value)}.")
     return bool(value)

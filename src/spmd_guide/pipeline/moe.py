@@ -212,7 +212,7 @@ def load_balancing_loss(probs: jax.Array, expert: jax.Array) -> jax.Array:
             f"expert has {expert.shape[0]} tokens (shape {tuple(expert.shape)}) but probs has "
             f"{probs.shape[0]} (shape {tuple(probs.shape)}); both are [tokens, ...].")
     n_experts = probs.shape[-1]
-    if not checks._is_traced(expert) and expert.size:
+    if not checks.is_traced(expert) and expert.size:
         low, high = int(np.min(expert)), int(np.max(expert))
         if low < 0 or high >= n_experts:
             raise checks.InputError(

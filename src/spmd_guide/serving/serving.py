@@ -80,7 +80,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, start: jax.Arr
             f"{dim}] for q of shape {tuple(q.shape)} [batch, s, heads, head_dim], got k "
             f"{tuple(k.shape)} and v {tuple(v.shape)}.")
     max_len = k.shape[2]
-    if not checks._is_traced(start):
+    if not checks.is_traced(start):
         if isinstance(start, jax.Array) and start.shape == ():
             start = np.asarray(start)  # a concrete JAX scalar: checked as a NumPy one
         start = checks.count("start", start, minimum=0, maximum=max_len - s)
@@ -416,7 +416,7 @@ def abstract_params(config: Config, srv: Server) -> Params:
     if not isinstance(srv, Server):
         raise checks.InputTypeError(
             f"srv must be a Server from server(config, strategy=..., mesh=...), got "
-            f"{checks._show(srv)}.")
+            f"{checks.value_text(srv)}.")
     dtype = jnp.dtype(config.dtype)
     shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
                           is_leaf=lambda x: isinstance(x, tuple))

@@ -102,7 +102,7 @@ def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causa
     """
     q, k, v = _check_qkv(q, k, v)
     if not isinstance(axis_name, str):
-        raise checks.InputTypeError(f"axis_name must be a string, got {checks._show(axis_name)}.")
+        raise checks.InputTypeError(f"axis_name must be a string, got {checks.value_text(axis_name)}.")
     causal = checks.flag("causal", causal)
     positions = checks.array("positions", positions, ndim=2, dtype_kind="iu")
     n = jax.lax.axis_size(axis_name)
@@ -144,7 +144,7 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_na
     n = checks.axis(mesh, axis_name)
     check_ring(q.shape[1], n, layout)
     _check_axis_types(mesh)
-    if not any(checks._is_traced(x) for x in (q, k, v)):
+    if not any(checks.is_traced(x) for x in (q, k, v)):
         return _ring_program(mesh, axis_name, causal, layout)(q, k, v)
     return _ring(q, k, v, mesh, axis_name, causal=causal, layout=layout)
 

@@ -120,7 +120,7 @@ def collectives(text: str) -> tuple[hlo.Collective, ...]:
     if not isinstance(text, str):
         raise checks.InputTypeError(
             f"text must be a compiled program's text (compiled.as_text()), got "
-            f"{checks._show(text)}.")
+            f"{checks.value_text(text)}.")
     return tuple(hlo.collectives_in_text(text))
 
 
@@ -147,18 +147,18 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
     if not isinstance(text, str):
         raise checks.InputTypeError(
             f"text must be a compiled program's text (compiled.as_text()) or the compiled "
-            f"program, got {checks._show(text)}.")
+            f"program, got {checks.value_text(text)}.")
     if isinstance(by, str) or not isinstance(by, Sequence) or not by:
         raise checks.InputTypeError(
             f"by must be a non-empty sequence of keys such as ('pass', 'where'), got "
-            f"{checks._show(by)}.")
+            f"{checks.value_text(by)}.")
     for key in by:
         checks.one_of("breakdown key", key, ("pass", "where", "axis"))
     if "axis" in by or mesh is not None:
         checks.mesh("mesh", mesh)
     if not isinstance(module, str) or not module:
         raise checks.InputTypeError(
-            f"module must be a file name such as 'lm.py', got {checks._show(module)}.")
+            f"module must be a file name such as 'lm.py', got {checks.value_text(module)}.")
     tables = _source_tables(text)
     groups: dict[tuple[Any, ...], dict[str, Any]] = {}
     for op in collectives(text):

@@ -66,7 +66,7 @@ def check_config(config: Any, *, name: str = "config") -> Config:
     if not isinstance(config, Config):
         raise checks.InputTypeError(
             f"{name} must be a spmd_guide.transformer.lm.Config such as Config(vocab=32), got "
-            f"{checks._show(config)} ({type(config).__name__}).")
+            f"{checks.value_text(config)} ({type(config).__name__}).")
     return config
 
 
@@ -89,7 +89,7 @@ def _call(jitted: Any, key: jax.Array, *static: Any) -> Any:
     programs run once, so compile time is all that counts (XLA:CPU takes over a second to
     optimize a random draw). Inside a trace it calls the plain ``jit``, which nests (a jit
     with compile options may not be nested)."""
-    if checks._is_traced(key):
+    if checks.is_traced(key):
         return jitted(key, *static)
     return _fast_program(jitted, tuple(key.shape), key.dtype, static)(key)
 
@@ -133,7 +133,7 @@ def config_of(params: Params) -> Config:
     if not isinstance(params, dict):
         raise checks.InputTypeError(
             f"params must be the dict init_params(key, config) returns, got "
-            f"{checks._show(params)}.")
+            f"{checks.value_text(params)}.")
     embed, pos, wq = _leaf(params, "embed"), _leaf(params, "pos"), \
         _leaf(params, "blocks", 0, "wq")
     if len(embed.shape) != 2 or len(pos.shape) != 2 or len(wq.shape) != 3:
@@ -143,7 +143,7 @@ def config_of(params: Params) -> Config:
     blocks = params["blocks"]
     if not isinstance(blocks, (list, tuple)):
         raise checks.InputTypeError(
-            f"params['blocks'] must be a list of blocks, got {checks._show(blocks)}.")
+            f"params['blocks'] must be a list of blocks, got {checks.value_text(blocks)}.")
     try:
         config = Config(vocab=embed.shape[0], d_model=embed.shape[1], n_heads=wq.shape[1],
                         d_ff=_leaf(params, "blocks", 0, "w_up").shape[-1],
@@ -301,7 +301,7 @@ def _check_ids(name: str, value: Any, bound: int, *, ndim: int, what: str = "tok
     value = checks.array(name, value, ndim=ndim, dtype_kind="iu")
     if any(d == 0 for d in value.shape):
         raise checks.InputError(f"{name} is empty (shape {tuple(value.shape)}).")
-    if checks._is_traced(value) or isinstance(value, jax.ShapeDtypeStruct):
+    if checks.is_traced(value) or isinstance(value, jax.ShapeDtypeStruct):
         return value
     if isinstance(value, jax.Array):
         # A concrete array closed over by a function being traced: compute now, not staged.

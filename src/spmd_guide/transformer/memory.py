@@ -80,7 +80,7 @@ def measured_bytes(trainer: Trainer, params: Params, state: Any, tokens: jax.Arr
     optimizer state as held (arguments), and the temporaries (gradients + activations)."""
     if not isinstance(trainer, Trainer):
         raise checks.InputTypeError(
-            f"trainer must be what train_step returns, got {checks._show(trainer)}.")
+            f"trainer must be what train_step returns, got {checks.value_text(trainer)}.")
     config_of(params)
     checks.array_tree("state", state)
     checks.array("tokens", tokens, ndim=2, dtype_kind="iu")

@@ -76,7 +76,7 @@ def _strategy(strategy: Any) -> Strategy:
     if not isinstance(strategy, Strategy):
         raise checks.InputTypeError(
             f"strategy must be one of STRATEGIES' values, such as STRATEGIES['tp'], got "
-            f"{checks._show(strategy)}.")
+            f"{checks.value_text(strategy)}.")
     return strategy
 
 
@@ -84,12 +84,12 @@ def _devices(devices: Any) -> list[jax.Device]:
     if isinstance(devices, (str, bytes, Mesh)) or not isinstance(devices, (Sequence, np.ndarray)):
         raise checks.InputTypeError(
             f"devices must be a list of jax devices such as jax.devices()[:4], got "
-            f"{checks._show(devices)}.")
+            f"{checks.value_text(devices)}.")
     devices = list(np.asarray(devices, dtype=object).reshape(-1))
     if not devices or not all(isinstance(d, jax.Device) for d in devices):
         raise checks.InputError(
             f"devices must be a non-empty list of jax devices such as jax.devices()[:4], got "
-            f"{checks._show(devices)}.")
+            f"{checks.value_text(devices)}.")
     return devices
 
 
@@ -318,7 +318,7 @@ def train_step(strategy: Strategy, mesh: Mesh, config: Config, params: Params, *
     if not isinstance(optimizer, optax.GradientTransformation):
         raise checks.InputTypeError(
             f"optimizer must be an optax.GradientTransformation such as lm.optimizer(), got "
-            f"{checks._show(optimizer)}.")
+            f"{checks.value_text(optimizer)}.")
     donate = checks.flag("donate", donate)
     loss_fn = strategy.loss(mesh, config)
     p_sh = strategy.shardings(params, mesh)
@@ -456,7 +456,7 @@ def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
     if not isinstance(meshes, dict) or not meshes:
         raise checks.InputTypeError(
             f"meshes must be a dict such as {{'tp': mesh}} from strategy names to meshes, got "
-            f"{checks._show(meshes)}.")
+            f"{checks.value_text(meshes)}.")
     for name, mesh in meshes.items():
         checks.one_of("strategy", name, STRATEGIES)
         checks.mesh(f"meshes[{name!r}]", mesh)
