@@ -8,6 +8,7 @@ a hi-DPI screen), on an internal link or
 ``#anchor`` that leads nowhere, and on raw ANSI escapes or a Python traceback in its text.
 Screenshots of every page at both widths go to ``_build/screenshots/`` for review.
 
+Not part of the quick suite (marker ``site``): run it after a build with ``pytest -m site -n0``.
 Needs a built site: ``jupyter-book build book/``. Without one, or without Playwright or
 Chromium, the test skips with one line of reason, except where ``SPMD_SITE_TEST=1`` (set by
 ``.ci/run``) makes a skip a failure.
@@ -40,6 +41,8 @@ MIN_DENSITY = 1.5
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 # Raw escape codes (ESC[...m), or their printable remains, and Python tracebacks.
+pytestmark = pytest.mark.site
+
 ANSI = re.compile(r"\x1b\[|\[(?:\d{1,3};)*\d{1,3}m(?=[\w\s])")
 TRACEBACK = "Traceback (most recent call last)"
 
