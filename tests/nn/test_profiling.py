@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from helpers import DEVICES
@@ -36,6 +35,8 @@ def test_profile_and_comparison(model):
     assert fsdp.peak_bytes == hlo.memory_per_device(step, placed, placed_batch).peak_bytes
     table = str(profiling.comparison_table(profiles))
     assert "fsdp" in table and "reduce-scatter" in table and "peak memory (bound)" in table
+    import matplotlib.pyplot as plt  # here, not at import: collecting the suite stays fast
+
     figure = profiling.plot_comparison(profiles)
     assert len(figure.axes) == 6
     plt.close(figure)

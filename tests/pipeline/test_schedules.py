@@ -69,9 +69,10 @@ def test_slots_of_microbatches_in_flight_never_collide(case):
                      else plan.step_of(schedules.FORWARD, m, 0))
             held[start:plan.step_of(schedules.BACKWARD, m, s) + 1, s, m] = True
     np.testing.assert_array_equal(held.sum(-1), plan.in_flight())
+    n_slots = plan.n_slots
     for t in range(plan.n_steps):
         for s in range(n_stages):
-            slots = [m % plan.n_slots for m in np.nonzero(held[t, s])[0]]
+            slots = [m % n_slots for m in np.nonzero(held[t, s])[0]]
             assert len(slots) == len(set(slots))
 
 

@@ -19,9 +19,10 @@ from spmd_guide import serving as face
 from spmd_guide.core import checks, hlo
 from spmd_guide.serving import serving
 from spmd_guide.transformer.lm import Config, init_params
+from spmd_guide.transformer.lm import forward as lm_forward
 
-# Not the pages' configs: other widths, three blocks, an odd prompt length.
-CONFIG = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=3, seq_len=20)
+# Not the pages' configs: other widths and vocabulary, an odd prompt length.
+CONFIG = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=20)
 BATCH, PROMPT_LEN, STEPS = 8, 7, 9
 
 
@@ -176,8 +177,8 @@ def test_cache_holds_one_nth_of_the_bytes_per_device(name, n):
 
 def test_one_device_cache():
     cache = serving.init_cache(CONFIG, batch=3, max_len=4)
-    assert serving.cache_bytes(cache) == {"total": 2 * 3 * 3 * 4 * 32 * 4,
-                                          "per device": 2 * 3 * 3 * 4 * 32 * 4}
+    total = 2 * CONFIG.n_layers * 3 * 4 * 32 * 4  # k and v, layers, batch, max_len, d_model
+    assert serving.cache_bytes(cache) == {"total": total, "per device": total}
     assert cache[0]["k"].dtype == jnp.float32
 
 
@@ -276,7 +277,7 @@ def test_bad_input_is_refused(kw, error, words):
 
 def test_params_of_another_config_are_refused():
     params, prompt, _, _ = fixture()
-    other = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=3, seq_len=24)
+    other = Config(vocab=48, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=24)
     with pytest.raises(checks.InputError, match="made for seq_len 20, but config says seq_len 24"):
         serving.generate(params, prompt, config=other, steps=2)
     with pytest.raises(checks.InputError, match="params"):
@@ -332,7 +333,7 @@ def test_exercise_answers_kv_cache():
     params, prompt, _, _ = fixture()
     tokens = jnp.zeros((BATCH, CONFIG.seq_len), jnp.int32).at[:, :PROMPT_LEN].set(prompt)
     noisy = tokens.at[:, PROMPT_LEN:].set(CONFIG.vocab - 1)
-    forward = serving._full_forward()
+    forward = jax.jit(lm_forward)
     np.testing.assert_array_equal(np.asarray(forward(params, tokens)[:, :PROMPT_LEN]),
                                   np.asarray(forward(params, noisy)[:, :PROMPT_LEN]))
 

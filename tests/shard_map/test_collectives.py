@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from helpers import mesh_of
 from jax import P
-from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from spmd_guide.core import hlo
 from spmd_guide.shard_map import collectives
@@ -195,10 +194,14 @@ def test_pmean_is_an_all_reduce_then_a_scale():
 
 
 def _cells(fig):
+    from matplotlib.patches import Rectangle  # here, not at import: collecting stays fast
+
     return [p for p in fig.axes[0].patches if isinstance(p, Rectangle) and p.get_gid() == "cell"]
 
 
 def _arrows(fig):
+    from matplotlib.patches import FancyArrowPatch
+
     return [p for p in fig.axes[0].patches
             if isinstance(p, FancyArrowPatch) and p.get_gid() == "arrow"]
 

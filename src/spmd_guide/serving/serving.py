@@ -381,9 +381,17 @@ def generate_with_logits(params: Params, prompt: Any, *, config: Config, steps: 
 
 
 @functools.cache
-def _full_forward() -> Callable[..., jax.Array]:
-    return jax.jit(lambda params, tokens: forward(params, tokens),
-                   compiler_options=_fast())
+def _recompute_step() -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """One step of the reference: the whole buffer through the model, the logits of the
+    position before ``position``, and the buffer with their argmax written at ``position``.
+    ``position`` is traced, so every step runs the same compiled program."""
+    def step(params: Params, tokens: jax.Array, position: jax.Array
+             ) -> tuple[jax.Array, jax.Array]:
+        logits = jax.lax.dynamic_index_in_dim(forward(params, tokens), position - 1, axis=1,
+                                              keepdims=False)
+        new = jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
+        return logits, jax.lax.dynamic_update_slice_in_dim(tokens, new, position, axis=1)
+    return jax.jit(step, compiler_options=_fast())
 
 
 def recompute_generate(params: Params, prompt: Any, *, config: Config, steps: int
@@ -400,9 +408,8 @@ def recompute_generate(params: Params, prompt: Any, *, config: Config, steps: in
     tokens = jnp.zeros((batch, total), jnp.int32).at[:, :prompt_len].set(prompt)
     all_logits = []
     for position in range(prompt_len, total):
-        logits = _full_forward()(params, tokens)[:, position - 1]
+        logits, tokens = _recompute_step()(params, tokens, np.int32(position))
         all_logits.append(logits)
-        tokens = tokens.at[:, position].set(jnp.argmax(logits, axis=-1).astype(jnp.int32))
     return tokens, jnp.stack(all_logits, axis=1)
 
 
