@@ -35,7 +35,7 @@ from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import tpu_ring  # noqa: E402
 from spmd_guide.nn import cheat_sheet, which_strategy  # noqa: E402
 from spmd_guide.pipeline import axes, moe, pipeline, schedules  # noqa: E402
-from spmd_guide.rooflines import roofline, roofline_pages  # noqa: E402
+from spmd_guide.rooflines import formulas, hardware, roofline, roofline_pages  # noqa: E402
 from spmd_guide.serving import serving  # noqa: E402
 from spmd_guide.shard_map import ring_costs  # noqa: E402
 from spmd_guide.transformer import attention, breakdown, lm, memory, pricing  # noqa: E402
@@ -121,13 +121,13 @@ batteries("axes: Model", axes.Model, (), dict(n_layers=4, d_model=64, d_ff=256, 
                                               seq_len=32), counts=("n_layers", "batch"))
 batteries("axes: link_seconds", axes.link_seconds, (ROWS, {"data": "fast", "tensor": "fast"}),
           dict(fast_bandwidth=1e11, slow_bandwidth=1e10), reals=("fast_bandwidth",))
-batteries("roofline: intensity", roofline.matmul_intensity, (64, 64, 64), {}, counts=(0, 2))
-batteries("roofline: ring_time", roofline.ring_time, (1e6, 4, "tpu-v4"), {}, counts=(1,))
+batteries("roofline: intensity", formulas.matmul_intensity, (64, 64, 64), {}, counts=(0, 2))
+batteries("roofline: ring_time", formulas.ring_time, (1e6, 4, "tpu-v4"), {}, counts=(1,))
 NONNEGATIVE_BAD = {k: v for k, v in REAL_BAD.items() if k != "0"}  # 0 bytes, 0 s are valid
-battery("roofline: ring_time", roofline.ring_time, (1e6, 4, "tpu-v4"), {}, 0, NONNEGATIVE_BAD)
-batteries("roofline: tp_max_ways", roofline.tp_max_ways, ("tpu-v4", 8192), {}, counts=(1,))
-battery("roofline: overlap", roofline.overlapped_time, (1.0, 0.5), {}, 0, NONNEGATIVE_BAD)
-batteries("roofline: mlp_flops", roofline.mlp_matmul_flops, ([8, 16, 8], 4), {}, counts=(1,))
+battery("roofline: ring_time", formulas.ring_time, (1e6, 4, "tpu-v4"), {}, 0, NONNEGATIVE_BAD)
+batteries("roofline: tp_max_ways", formulas.tp_max_ways, ("tpu-v4", 8192), {}, counts=(1,))
+battery("roofline: overlap", formulas.overlapped_time, (1.0, 0.5), {}, 0, NONNEGATIVE_BAD)
+batteries("roofline: mlp_flops", formulas.mlp_matmul_flops, ([8, 16, 8], 4), {}, counts=(1,))
 batteries("roofline_pages: how_many", roofline_pages.how_many, (3, 8), {}, counts=(1,))
 batteries("which_strategy: recommend", which_strategy.recommend, (10**9, 16 * 10**9),
           dict(batch=64, n_devices=8), counts=(0, "n_devices"), reals=("memory_fraction",))
@@ -405,14 +405,14 @@ BAD.update({
     "axes: pipeline_bytes sends str": lambda: axes.pipeline_bytes(100, 2, sends="2"),
     "axes: expert_bytes n 0": lambda: axes.expert_bytes(100, 0, all_to_alls=2),
     # ---- roofline
-    "roofline: chip unknown": lambda: roofline.get_chip("tpu-v9"),
-    "roofline: chip near-miss": lambda: roofline.get_chip("TPU v4"),
-    "roofline: chip prefix": lambda: roofline.get_chip("tpu"),
-    "roofline: chip None": lambda: roofline.get_chip(None),
-    "roofline: chips str list": lambda: roofline.get_chips(["tpu-v4", "v5e"]),
-    "roofline: chips empty": lambda: roofline.get_chips([]),
-    "roofline: choice unknown": lambda: roofline.choice("link", "ici", roofline.LINKS),
-    "roofline: load_chips missing": lambda: roofline.load_chips(f"{WORK}/nope.toml"),
+    "roofline: chip unknown": lambda: hardware.get_chip("tpu-v9"),
+    "roofline: chip near-miss": lambda: hardware.get_chip("TPU v4"),
+    "roofline: chip prefix": lambda: hardware.get_chip("tpu"),
+    "roofline: chip None": lambda: hardware.get_chip(None),
+    "roofline: chips str list": lambda: hardware.get_chips(["tpu-v4", "v5e"]),
+    "roofline: chips empty": lambda: hardware.get_chips([]),
+    "roofline: choice unknown": lambda: hardware.choice("link", "ici", hardware.LINKS),
+    "roofline: load_chips missing": lambda: hardware.load_chips(f"{WORK}/nope.toml"),
     "roofline: as_devices str": lambda: roofline.as_devices("cpu"),
     "roofline: as_devices 0": lambda: roofline.as_devices(0),
     "roofline: as_devices 99": lambda: roofline.as_devices(99),
@@ -428,33 +428,33 @@ BAD.update({
     "roofline: Counts nan": lambda: roofline.Counts(flops=NAN, bytes_accessed=1, comm_bytes=0),
     "roofline: Counts str": lambda: roofline.Counts(flops="1", bytes_accessed=1, comm_bytes=0),
     "roofline: predict chip": lambda: roofline.predict(jnp.sin, X8, chip="h100"),
-    "roofline: intensity bpe 0": lambda: roofline.matmul_intensity(8, 8, 8, bytes_per_element=0),
-    "roofline: critical_batch d 0": lambda: roofline.critical_batch("tpu-v4", d=0, f=8),
-    "roofline: critical_batch d only": lambda: roofline.critical_batch("tpu-v4", d=8),
-    "roofline: ring_time kind": lambda: roofline.ring_time(1e6, 4, "tpu-v4", kind="allgather"),
-    "roofline: ring_time link": lambda: roofline.ring_time(1e6, 4, "tpu-v4", link="nvlink"),
-    "roofline: dp_critical n 0": lambda: roofline.dp_critical_batch("tpu-v4", n=0),
-    "roofline: dp_critical group 0": lambda: roofline.dp_critical_batch("tpu-v4", n=8, group=0),
-    "roofline: dp_critical group > n": lambda: roofline.dp_critical_batch("tpu-v4", n=4,
+    "roofline: intensity bpe 0": lambda: formulas.matmul_intensity(8, 8, 8, bytes_per_element=0),
+    "roofline: critical_batch d 0": lambda: formulas.critical_batch("tpu-v4", d=0, f=8),
+    "roofline: critical_batch d only": lambda: formulas.critical_batch("tpu-v4", d=8),
+    "roofline: ring_time kind": lambda: formulas.ring_time(1e6, 4, "tpu-v4", kind="allgather"),
+    "roofline: ring_time link": lambda: formulas.ring_time(1e6, 4, "tpu-v4", link="nvlink"),
+    "roofline: dp_critical n 0": lambda: formulas.dp_critical_batch("tpu-v4", n=0),
+    "roofline: dp_critical group 0": lambda: formulas.dp_critical_batch("tpu-v4", n=8, group=0),
+    "roofline: dp_critical group > n": lambda: formulas.dp_critical_batch("tpu-v4", n=4,
                                                                           group=8),
-    "roofline: fsdp_critical phase": lambda: roofline.fsdp_critical_batch("tpu-v4", n=8,
+    "roofline: fsdp_critical phase": lambda: formulas.fsdp_critical_batch("tpu-v4", n=8,
                                                                           phase="fwd"),
-    "roofline: fsdp_critical gathers 0": lambda: roofline.fsdp_critical_batch("tpu-v4", n=8,
+    "roofline: fsdp_critical gathers 0": lambda: formulas.fsdp_critical_batch("tpu-v4", n=8,
                                                                               gathers=0),
-    "roofline: tp_min_width n 1": lambda: roofline.tp_min_width("tpu-v4", 0),
-    "roofline: tp_min_width n str": lambda: roofline.tp_min_width("tpu-v4", "8"),
-    "roofline: overlap ways 0": lambda: roofline.overlapped_time(1.0, 1.0, ways=0),
-    "roofline: speedup comm -1": lambda: roofline.overlap_speedup(1.0, -1.0),
-    "roofline: speedup nan": lambda: roofline.overlap_speedup(NAN, 1.0),
-    "roofline: balance ways 0": lambda: roofline.ring_matmul_balance_rows(0, "tpu-v4"),
-    "roofline: cm_times ways 0": lambda: roofline.collective_matmul_times(
+    "roofline: tp_min_width n 1": lambda: formulas.tp_min_width("tpu-v4", 0),
+    "roofline: tp_min_width n str": lambda: formulas.tp_min_width("tpu-v4", "8"),
+    "roofline: overlap ways 0": lambda: formulas.overlapped_time(1.0, 1.0, ways=0),
+    "roofline: speedup comm -1": lambda: formulas.overlap_speedup(1.0, -1.0),
+    "roofline: speedup nan": lambda: formulas.overlap_speedup(NAN, 1.0),
+    "roofline: balance ways 0": lambda: formulas.ring_matmul_balance_rows(0, "tpu-v4"),
+    "roofline: cm_times ways 0": lambda: formulas.collective_matmul_times(
         64, 64, 64, 0, "tpu-v4"),
-    "roofline: cm_times m 0": lambda: roofline.collective_matmul_times(0, 64, 64, 4, "tpu-v4"),
-    "roofline: mlp sizes one": lambda: roofline.mlp_matmul_flops([8], 4),
-    "roofline: mlp sizes str": lambda: roofline.mlp_matmul_flops("8,16", 4),
-    "roofline: mlp sizes 0": lambda: roofline.mlp_matmul_flops([8, 0], 4),
-    "roofline: elementwise batch 0": lambda: roofline.mlp_elementwise_flops([8, 16], 0),
-    "roofline: elementwise sizes float": lambda: roofline.mlp_elementwise_flops([8, 16.5], 4),
+    "roofline: cm_times m 0": lambda: formulas.collective_matmul_times(0, 64, 64, 4, "tpu-v4"),
+    "roofline: mlp sizes one": lambda: formulas.mlp_matmul_flops([8], 4),
+    "roofline: mlp sizes str": lambda: formulas.mlp_matmul_flops("8,16", 4),
+    "roofline: mlp sizes 0": lambda: formulas.mlp_matmul_flops([8, 0], 4),
+    "roofline: elementwise batch 0": lambda: formulas.mlp_elementwise_flops([8, 16], 0),
+    "roofline: elementwise sizes float": lambda: formulas.mlp_elementwise_flops([8, 16.5], 4),
     # ---- roofline_pages
     "roofline_pages: strategy unknown": lambda: roofline_pages.strategy_counts("ddp"),
     "roofline_pages: strategy sizes 1": lambda: roofline_pages.strategy_counts(
@@ -735,20 +735,20 @@ VALID = {
     "axes: tensor_program explicit": lambda: axes.tensor_program(E2, "x"),
     "axes: bytes numpy": lambda: axes.fsdp_bytes(np.int64(1024), np.int32(4),
                                                  gathers=np.int64(2)),
-    "roofline: numpy intensity": lambda: roofline.matmul_intensity(np.int64(64), 64,
+    "roofline: numpy intensity": lambda: formulas.matmul_intensity(np.int64(64), 64,
                                                                    np.int32(64)),
-    "roofline: numpy ring_time": lambda: roofline.ring_time(np.float32(1e6), np.int64(4),
+    "roofline: numpy ring_time": lambda: formulas.ring_time(np.float32(1e6), np.int64(4),
                                                             "tpu-v4"),
     "roofline: Counts numpy": lambda: roofline.estimate(
         roofline.Counts(flops=np.float64(1e9), bytes_accessed=np.int64(10**6),
                         comm_bytes=np.float32(0)), "h100-sxm"),
-    "roofline: Chip object": lambda: roofline.get_chip(roofline.CHIPS["tpu-v4"]),
-    "roofline: chips tuple": lambda: roofline.get_chips(("tpu-v4", "b200")),
-    "roofline: mlp array sizes": lambda: roofline.mlp_matmul_flops(np.array([8, 16, 8]),
+    "roofline: Chip object": lambda: hardware.get_chip(hardware.CHIPS["tpu-v4"]),
+    "roofline: chips tuple": lambda: hardware.get_chips(("tpu-v4", "b200")),
+    "roofline: mlp array sizes": lambda: formulas.mlp_matmul_flops(np.array([8, 16, 8]),
                                                                    np.int64(4)),
-    "roofline: critical numpy": lambda: roofline.critical_batch("tpu-v4", d=np.int64(8),
+    "roofline: critical numpy": lambda: formulas.critical_batch("tpu-v4", d=np.int64(8),
                                                                 f=np.int64(32)),
-    "roofline: overlap numpy": lambda: roofline.overlap_speedup(np.float64(1.0),
+    "roofline: overlap numpy": lambda: formulas.overlap_speedup(np.float64(1.0),
                                                                 np.float32(0.5),
                                                                 ways=np.int64(4)),
     "roofline_pages: strategy numpy": lambda: roofline_pages.strategy_counts(

@@ -18,7 +18,7 @@ from orbax.checkpoint._src.serialization import replica_slices
 
 from spmd_guide.checkpointing import anatomy, checkpoint, training
 from spmd_guide.core.checks import InputError, InputTypeError
-from spmd_guide.rooflines.roofline import CHIPS
+from spmd_guide.rooflines.hardware import CHIPS
 from spmd_guide.transformer import lm, transformer
 
 CONFIG = lm.Config(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=1, seq_len=8)

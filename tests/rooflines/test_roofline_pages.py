@@ -10,7 +10,7 @@ import pytest
 from helpers import mesh_of
 
 from spmd_guide.core.checks import InputError, InputTypeError
-from spmd_guide.rooflines import roofline, roofline_pages
+from spmd_guide.rooflines import formulas, hardware, roofline, roofline_pages
 
 SIZES, BATCH = (64, 128, 128, 64), 256
 
@@ -26,10 +26,10 @@ def test_mlp_predictions_rank_every_strategy_on_every_chip():
     grads = sum(4 * (a * b + b) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     assert work["dp"].comm_bytes == pytest.approx(2 * 7 / 8 * grads, abs=16)
     assert work["dp"].flops == pytest.approx(
-        roofline.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)
+        formulas.mlp_matmul_flops(sizes, batch, with_gradient=True) / 8, rel=0.05)
     predictions = roofline_pages.predict_strategies(work)
-    assert len(predictions) == 2 * len(roofline.CHIPS)
-    for key in roofline.CHIPS:
+    assert len(predictions) == 2 * len(hardware.CHIPS)
+    for key in hardware.CHIPS:
         assert sorted(roofline_pages.ranking(predictions, key)) == ["dp", "tp"]
         rows = roofline_pages.prediction_rows(predictions, key)
         assert [r["rank"] for r in rows] == [1, 2]
@@ -53,8 +53,8 @@ def test_backward_flops_explain_the_dp_threshold():
     matmuls, 4BP less the first layer's input gradient, not 2/3 of the step."""
     step, forward = _small("dp"), _small("dp", gradient=False)
     backward = step.flops - forward.flops
-    closed = (roofline.mlp_matmul_flops(SIZES, BATCH, with_gradient=True)
-              - roofline.mlp_matmul_flops(SIZES, BATCH)) / 8
+    closed = (formulas.mlp_matmul_flops(SIZES, BATCH, with_gradient=True)
+              - formulas.mlp_matmul_flops(SIZES, BATCH)) / 8
     params = sum(a * b for a, b in zip(SIZES[:-1], SIZES[1:], strict=True))
     assert closed == (4 * BATCH * params - 2 * BATCH * SIZES[0] * SIZES[1]) / 8
     assert backward == pytest.approx(closed, rel=0.05)  # plus element-wise work

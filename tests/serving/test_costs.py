@@ -9,7 +9,7 @@ import math
 import pytest
 
 from spmd_guide.core import checks
-from spmd_guide.rooflines import roofline
+from spmd_guide.rooflines import hardware
 from spmd_guide.serving import costs
 
 C = costs.LM_CONFIG
@@ -37,10 +37,10 @@ def test_prefill_reads_the_same_bytes_for_a_prompt_of_tokens():
     assert prefill.new_tokens == costs.PROMPT_LEN
     assert prefill.bytes_read - decode.bytes_read == 4 * (costs.PROMPT_LEN - 1)  # tokens
     assert prefill.flops / decode.flops == pytest.approx(costs.PROMPT_LEN, rel=0.01)
-    h100 = roofline.CHIPS["h100-sxm"]
+    h100 = hardware.CHIPS["h100-sxm"]
     assert prefill.estimate(h100).bound == "compute"
     assert decode.estimate(h100).bound == "memory"
-    for chip in roofline.CHIPS.values():  # every chip: prefill above its ridge, decode far below
+    for chip in hardware.CHIPS.values():  # every chip: prefill above its ridge, decode far below
         assert prefill.intensity / costs.BYTE_SCALE > chip.ridge
         assert decode.intensity / costs.BYTE_SCALE < chip.ridge / 100
 
@@ -78,7 +78,7 @@ def test_counts_are_a_line_in_the_batch():
 def test_critical_batches():
     line = costs.Line.through(costs.step_counts("decode", batch=16),
                               costs.step_counts("decode", batch=128))
-    for chip in roofline.CHIPS.values():
+    for chip in hardware.CHIPS.values():
         assert math.isinf(costs.critical_batch(line, chip))
         weights_only = costs.critical_batch(line, chip, with_cache=False)
         # B flops_per_seq / peak = bf16 weight bytes / bandwidth
@@ -97,7 +97,7 @@ def test_critical_batches():
 
 def test_max_batch_fills_the_hbm():
     decode = costs.step_counts("decode", batch=1)
-    for chip in roofline.CHIPS.values():
+    for chip in hardware.CHIPS.values():
         n = costs.max_batch(decode, chip)
         held = costs.BYTE_SCALE * (decode.weight_bytes + decode.table_bytes)
         assert held + n * costs.BYTE_SCALE * CACHE_PER_SEQ <= chip.hbm_bytes
@@ -110,7 +110,7 @@ def test_max_batch_fills_the_hbm():
 @pytest.mark.slow
 def test_serve_table_and_winners():
     # The page's chip: the least HBM of the chips file, so memory binds.
-    assert min(roofline.CHIPS.values(), key=lambda c: c.hbm_bytes).key == "tpu-v5e"
+    assert min(hardware.CHIPS.values(), key=lambda c: c.hbm_bytes).key == "tpu-v5e"
     served = costs.serve_table([(None, 1), ("tp", 8), ("dp", 8)], [1, 1024],
                                chip="tpu-v5e")
     at = {(s.strategy, s.batch): s for s in served}
@@ -136,7 +136,7 @@ def test_phase_rows_and_chip_rows():
     line = costs.Line.through(costs.step_counts("decode", batch=16),
                               costs.step_counts("decode", batch=128))
     rows = costs.chip_rows(line, decode)
-    assert [r["chip"] for r in rows] == list(roofline.CHIPS)
+    assert [r["chip"] for r in rows] == list(hardware.CHIPS)
     assert {r["critical batch, with cache"] for r in rows} == {"never"}
 
 
@@ -155,7 +155,7 @@ def test_bad_input():
 
 def test_exercise_answers_prefill_decode():
     decode = costs.step_counts("decode", batch=1)
-    h100 = roofline.CHIPS["h100-sxm"]
+    h100 = hardware.CHIPS["h100-sxm"]
     # 1. bytes over bandwidth: about 134 MB / 3.35 TB/s, about 40 us, the table's figure.
     by_hand = costs.BYTE_SCALE * decode.bytes_read / h100.hbm_bandwidth
     assert costs.BYTE_SCALE * decode.bytes_read / 1e6 == pytest.approx(134, abs=0.5)

@@ -28,7 +28,7 @@ import numpy as np
 
 from spmd_guide.checkpointing import checkpoint
 from spmd_guide.core import checks
-from spmd_guide.rooflines.roofline import Chip, get_chip
+from spmd_guide.rooflines.hardware import Chip, get_chip
 
 __all__ = ["bytes_per_device", "files", "fits", "layouts", "listing", "read_plan",
            "read_summary", "state_bytes", "write_plan", "written_pieces"]

@@ -1,7 +1,12 @@
 """Part V, rooflines (book/rooflines/).
 
-- `roofline`: chips as data (`chips.toml`, every rate with its source), counts and `predict`
-  from a compiled program, the closed forms (rooflines/rooflines, rooflines/parallelism).
+- `hardware`: chips as data (`chips.toml`, every rate with its source), looked up by name
+  (rooflines/rooflines; every page that prices on a chip reads `CHIPS`).
+- `roofline`: counts from a compiled program, priced on a chip: `estimate` and `predict`
+  (rooflines/rooflines, rooflines/parallelism).
+- `formulas`: the closed forms worked by hand: arithmetic intensity, critical batches, when
+  each strategy's communication hides, the overlapped ring's gain (rooflines/rooflines,
+  rooflines/parallelism).
 - `roofline_pages`: the MLP priced per strategy and chip, rankings, figures and the worked
   problems (rooflines/rooflines, rooflines/parallelism, rooflines/transformer).
 

@@ -1,6 +1,7 @@
 """What the rooflines pages show: the Part IV MLP priced per strategy and chip, predictions
-ranked per chip, the figures, and the worked problems, each answer computed from
-:mod:`spmd_guide.rooflines.roofline`. (The Part VIII transformer's counts live with the
+ranked per chip, the figures, and the worked problems, each answer computed with
+:mod:`spmd_guide.rooflines.roofline` and :mod:`spmd_guide.rooflines.formulas` from the chips of
+:mod:`spmd_guide.rooflines.hardware`. (The Part VIII transformer's counts live with the
 transformer, in :mod:`spmd_guide.transformer.pricing`.)
 
 The MLP's counts come from compiling each strategy's training step (value and gradient of its
@@ -27,7 +28,7 @@ import numpy as np
 
 from spmd_guide import nn
 from spmd_guide.core import checks, hlo
-from spmd_guide.rooflines import roofline
+from spmd_guide.rooflines import formulas, hardware, roofline
 
 #: The MLP the page prices: widths of a transformer-sized feed-forward stack, and its batch.
 MLP_SIZES = (4096, 16384, 16384, 4096)
@@ -51,7 +52,7 @@ def strategy_counts(name: str, *, layer_sizes: Sequence[int] = MLP_SIZES,
     ``devices``: a list of devices, or a mesh (Auto or Explicit axes) whose devices to use;
     the strategy builds its own mesh over them, as Part IV does. Sizes that do not split
     evenly over that mesh raise the strategy's ``InputError``."""
-    name = roofline.choice("strategy", name, nn.STRATEGIES)
+    name = hardware.choice("strategy", name, nn.STRATEGIES)
     sizes = checks.counts("layer_sizes", layer_sizes, min_length=2)
     batch = checks.count("batch", batch)
     return _strategy_counts(name, sizes, batch, roofline.as_devices(devices),
@@ -97,7 +98,7 @@ class Prediction:
 
 
 def predict_strategies(counts_by_name: Mapping[str, roofline.Counts],
-                       chips: Any = tuple(roofline.CHIPS)) -> list[Prediction]:
+                       chips: Any = tuple(hardware.CHIPS)) -> list[Prediction]:
     """Each strategy's counts priced on each chip, bytes as bfloat16 (``byte_scale=0.5``).
     ``chips``: one chip name (``'h100-sxm'``) or a sequence of them."""
     if not isinstance(counts_by_name, Mapping) or not counts_by_name:
@@ -109,7 +110,7 @@ def predict_strategies(counts_by_name: Mapping[str, roofline.Counts],
             raise checks.InputTypeError(
                 f"counts_by_name must map strategy names (strings) to roofline.Counts, got "
                 f"{name!r}: {type(work).__name__}.")
-    keys = [chip.key for chip in roofline.get_chips(chips)]
+    keys = [chip.key for chip in hardware.get_chips(chips)]
     return [Prediction(str(name), chip, roofline.estimate(work, chip, byte_scale=0.5))
             for name, work in counts_by_name.items() for chip in keys]
 
@@ -124,7 +125,7 @@ def _for_chip(predictions: Any, chip: Any) -> tuple[str, list[Prediction]]:
     if bad:
         raise checks.InputTypeError(
             f"predictions must hold Prediction objects, got {type(bad[0]).__name__}.")
-    key = roofline.get_chip(chip).key
+    key = hardware.get_chip(chip).key
     rows = [p for p in predictions if p.chip == key]
     if not rows:
         have = sorted({p.chip for p in predictions})
@@ -159,7 +160,7 @@ _KINDS = {"h100pcie": None, "h100nvl": None, "h200nvl": None, "gh200": None, "h1
 
 
 def chip_for(device: Any) -> str | None:
-    """The key of :data:`~spmd_guide.rooflines.roofline.CHIPS` for ``device`` (a
+    """The key of :data:`~spmd_guide.rooflines.hardware.CHIPS` for ``device`` (a
     ``jax.Device``, read by its ``device_kind``), or ``None`` when the chips file does not
     list it: a CPU, or a variant with other rates (an H100 PCIe or NVL, an H200 NVL, a
     GH200)."""
@@ -227,12 +228,12 @@ def _intensities(points: Any) -> dict[str, float]:
 
 
 def plot_rooflines(points: Mapping[str, roofline.Estimate | tuple[float, float]],
-                   chips: Any = tuple(roofline.CHIPS)) -> Any:
+                   chips: Any = tuple(hardware.CHIPS)) -> Any:
     """Log-log rooflines (attainable FLOP/s against FLOPs per HBM byte) of ``chips`` (one
     name or several), with ``points`` (label -> an Estimate or (intensity, FLOPs)) marked at
     their intensity."""
     marks = _intensities(points)
-    specs = roofline.get_chips(chips)
+    specs = hardware.get_chips(chips)
     fig, ax = _axes()
     x = np.logspace(-2, 4, 200)
     for i, chip in enumerate(specs):
@@ -388,34 +389,34 @@ class Problem:
 
 
 def _src(key: str) -> str:
-    chip = roofline.CHIPS[key]
+    chip = hardware.CHIPS[key]
     return f"{chip.name}: {chip.source}"
 
 
 def problems() -> list[Problem]:
     """The worked problems of the Part, every number computed from the chips file."""
-    h100, v5e, v5p, h200 = (roofline.CHIPS[k] for k in ("h100-sxm", "tpu-v5e", "tpu-v5p", "h200"))
+    h100, v5e, v5p, h200 = (hardware.CHIPS[k] for k in ("h100-sxm", "tpu-v5e", "tpu-v5p", "h200"))
     out = []
     out.append(Problem(
         "ridge", "What arithmetic intensity must a bf16 program reach to be compute-bound on "
         "an H100 SXM?",
         f"peak / HBM bandwidth = {h100.peak_flops_bf16:.3g} / {h100.hbm_bandwidth:.3g} = "
         f"{h100.ridge:.0f} FLOPs per byte.", h100.ridge))
-    b = roofline.critical_batch("tpu-v5e", d=8192, f=32768)
+    b = formulas.critical_batch("tpu-v5e", d=8192, f=32768)
     out.append(Problem(
         "matmul_batch", "On a TPU v5e, from what batch B is the bf16 matmul "
         "x[B, 8192] @ W[8192, 32768] compute-bound?",
         f"Solve 2*B*8192*32768 / (2*(8192*B + 8192*32768 + 32768*B)) = {v5e.ridge:.0f} "
         f"(the v5e ridge): B = {b:.0f}, a little above the wide-weight limit "
-        f"{roofline.critical_batch('tpu-v5e'):.0f}.", b))
-    dp = roofline.dp_critical_batch("h100-sxm", n=8)
+        f"{formulas.critical_batch('tpu-v5e'):.0f}.", b))
+    dp = formulas.dp_critical_batch("h100-sxm", n=8)
     out.append(Problem(
         "dp_nvlink", "Data parallelism over the 8 H100s of one node (bf16 gradients): from how "
         "many examples per GPU does the gradient all-reduce hide behind the backward pass?",
         f"Backward: 4*B*P FLOPs; all-reduce: 2*(7/8)*2*P bytes. Equal at B = 2*(7/8)*"
         f"{h100.peak_flops_bf16:.3g} / (2*{h100.interconnect_bandwidth:.3g}) = {dp:.0f}.", dp))
-    dpn = roofline.dp_critical_batch("h100-sxm", link="network", group=8)
-    flat = roofline.dp_critical_batch("h100-sxm", link="network", group=1)
+    dpn = formulas.dp_critical_batch("h100-sxm", link="network", group=8)
+    flat = formulas.dp_critical_batch("h100-sxm", link="network", group=1)
     out.append(Problem(
         "dp_network", "The same all-reduce across many 8-GPU H100 nodes over InfiniBand "
         f"({h100.network_bandwidth / 1e9:g} GB/s per GPU): from how many examples per GPU?",
@@ -441,21 +442,21 @@ def problems() -> list[Problem]:
         "compute-bound step time at peak FLOP/s?",
         f"6 * 7e9 * 1e6 FLOPs / (256 * {v5p.peak_flops_bf16:.3g} FLOP/s) = {step:.3f} s; "
         "a real step runs at a fraction of peak (its MFU).", step))
-    ways = roofline.tp_max_ways("tpu-v5p", 28672)
+    ways = formulas.tp_max_ways("tpu-v5p", 28672)
     out.append(Problem(
         "tp_ways", "Over how many TPU v5p chips (one torus axis) can a bf16 weight with 28672 "
         "output columns be split before the all-gather of its input outlasts the matmul?",
         f"Compute-bound while 28672 >= (n-1) * {v5p.comm_ridge:.0f} (2 bytes x FLOP/s over link bandwidth / 2), "
         f"i.e. n <= {ways}.", ways))
-    gather = roofline.ring_time(8192 * 28672 * 2, 8, "h100-sxm")
+    gather = formulas.ring_time(8192 * 28672 * 2, 8, "h100-sxm")
     out.append(Problem(
         "allgather", "How long does all-gathering a bf16[8192, 28672] weight over 8 H100s "
         "take at NVLink's published bandwidth?",
         f"(7/8) * {8192 * 28672 * 2 / 1e6:.0f} MB / {h100.interconnect_bandwidth / 1e9:g} GB/s "
         f"= {gather * 1e6:.0f} us (measured NCCL bandwidth is lower).", gather))
-    rows = roofline.ring_matmul_balance_rows(4, "tpu-v5e")
-    compute, comm = roofline.collective_matmul_times(round(rows), 8192, 8192, 4, "tpu-v5e")
-    best = roofline.overlap_speedup(compute, comm, ways=4)
+    rows = formulas.ring_matmul_balance_rows(4, "tpu-v5e")
+    compute, comm = formulas.collective_matmul_times(round(rows), 8192, 8192, 4, "tpu-v5e")
+    best = formulas.overlap_speedup(compute, comm, ways=4)
     out.append(Problem(
         "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU "
         "v5e chips (bf16): for how many rows m does overlapping pay the most, and how much?",
@@ -475,9 +476,9 @@ def problems() -> list[Problem]:
 
 def intensity_exercises() -> list[Problem]:
     """The exercises closing the rooflines chapter (arithmetic intensity, critical batch)."""
-    f32 = roofline.matmul_intensity(256, 4096, 4096, bytes_per_element=4)
-    bf16 = roofline.matmul_intensity(256, 4096, 4096)
-    b200 = roofline.CHIPS["b200"]
+    f32 = formulas.matmul_intensity(256, 4096, 4096, bytes_per_element=4)
+    bf16 = formulas.matmul_intensity(256, 4096, 4096)
+    b200 = hardware.CHIPS["b200"]
     return [
         Problem("f32_intensity", "What is the arithmetic intensity of x[256, 4096] @ "
                 "W[4096, 4096] in float32, and in bfloat16?",
@@ -487,6 +488,6 @@ def intensity_exercises() -> list[Problem]:
         Problem("b200_batch", "From what batch is a bf16 matmul with a wide weight "
                 "compute-bound on a B200, and why is that close to an H100's?",
                 f"B* = ridge = {b200.peak_flops_bf16:.3g} / {b200.hbm_bandwidth:.3g} = "
-                f"{b200.ridge:.0f} (H100 SXM: {roofline.CHIPS['h100-sxm'].ridge:.0f}): FLOP/s and "
+                f"{b200.ridge:.0f} (H100 SXM: {hardware.CHIPS['h100-sxm'].ridge:.0f}): FLOP/s and "
                 "HBM bandwidth grew by similar factors.", b200.ridge),
     ]

@@ -33,7 +33,7 @@ import numpy as np
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.core.display import listed
-from spmd_guide.rooflines import roofline
+from spmd_guide.rooflines import hardware, roofline
 from spmd_guide.serving import serving
 from spmd_guide.transformer.lm import Config
 from spmd_guide.transformer.pricing import LM_CONFIG
@@ -74,7 +74,7 @@ class StepCounts:
         return roofline.Counts(flops=self.flops, bytes_accessed=self.bytes_read,
                                comm_bytes=self.comm_bytes)
 
-    def estimate(self, chip: str | roofline.Chip) -> roofline.Estimate:
+    def estimate(self, chip: str | hardware.Chip) -> roofline.Estimate:
         """The roofline prediction on ``chip`` (bytes as bfloat16)."""
         return roofline.estimate(self.work, chip, byte_scale=BYTE_SCALE)
 
@@ -184,38 +184,38 @@ class Line:
                                  (self.flops, self.bytes_read, self.comm)))
 
 
-def estimate_at(line: Line, batch: float, chip: str | roofline.Chip) -> roofline.Estimate:
+def estimate_at(line: Line, batch: float, chip: str | hardware.Chip) -> roofline.Estimate:
     """The roofline prediction of a decode step of ``batch`` sequences per device, on the
     line (bytes as bfloat16)."""
     return roofline.estimate(line.at(checks.real("batch", batch, positive=True)), chip,
                              byte_scale=BYTE_SCALE)
 
 
-def critical_batch(line: Line, chip: str | roofline.Chip, *, with_cache: bool = True
+def critical_batch(line: Line, chip: str | hardware.Chip, *, with_cache: bool = True
                    ) -> float:
     """The batch (sequences per device) from which a decode step's compute time passes its
     memory time on ``chip``, by the line through the compiled counts: ``fixed bytes / (FLOPs
     per sequence / ridge - bytes per sequence)``; ``inf`` when every sequence adds more memory
     time than compute time. ``with_cache=False`` leaves each sequence's cache out (the batch at
     which the weights alone are worth reading: Part V's critical batch)."""
-    spec = roofline.get_chip(chip)
+    spec = hardware.get_chip(chip)
     ridge = spec.ridge * BYTE_SCALE  # FLOPs per byte as counted (float32, priced bfloat16)
     per_seq = line.bytes_read[1] if checks.flag("with_cache", with_cache) else 0.0
     room = line.flops[1] / ridge - per_seq
     return line.bytes_read[0] / room if room > 0 else math.inf
 
 
-def max_batch(step: StepCounts, chip: str | roofline.Chip) -> int:
+def max_batch(step: StepCounts, chip: str | hardware.Chip) -> int:
     """The most sequences one device of ``chip`` can hold the cache of, at ``step``'s cache
     length and layout: its HBM less the parameters it holds, over one sequence's share of
     the cache (all bfloat16)."""
-    spec = roofline.get_chip(chip)
+    spec = hardware.get_chip(chip)
     free = spec.hbm_bytes - BYTE_SCALE * (step.weight_bytes + step.table_bytes)
     per_seq = BYTE_SCALE * step.cache_bytes / step.local_batch
     return max(0, math.floor(free / per_seq))
 
 
-def chip_rows(line: Line, step: StepCounts, chips: Sequence[str] = tuple(roofline.CHIPS)
+def chip_rows(line: Line, step: StepCounts, chips: Sequence[str] = tuple(hardware.CHIPS)
               ) -> list[dict[str, Any]]:
     """Per chip: ms per token at ``step``'s batch, the critical batches with and without the
     cache, and the batch whose cache fits beside the weights."""
@@ -223,7 +223,7 @@ def chip_rows(line: Line, step: StepCounts, chips: Sequence[str] = tuple(rooflin
     for key in chips:
         e = step.estimate(key)
         with_cache = critical_batch(line, key)
-        rows.append({"chip": key, "ridge FLOP/B": f"{roofline.get_chip(key).ridge:.0f}",
+        rows.append({"chip": key, "ridge FLOP/B": f"{hardware.get_chip(key).ridge:.0f}",
                      f"predicted ms/token, batch {step.batch}": f"{e.step_s * 1e3:.3g}",
                      "bound": e.bound,
                      "critical batch, weights only":
@@ -260,7 +260,7 @@ def serve_table(cases: Sequence[tuple[str | None, int]], batches: Sequence[int],
                 chip: str = "h100-sxm") -> list[Served]:
     """Each ``(strategy, n_devices)`` at each batch it can split, decode priced on ``chip``;
     ``fits`` says whether weights and cache fit a device's HBM (bfloat16)."""
-    spec = roofline.get_chip(chip)
+    spec = hardware.get_chip(chip)
     out = []
     for strategy, n in cases:
         for batch in checks.counts("batches", batches):

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.rooflines import roofline
+from spmd_guide.rooflines import hardware, roofline
 from spmd_guide.transformer import lm, transformer
 
 #: The transformer the page prices: GPT-2-medium widths, two of its blocks, a 2048-token
@@ -46,7 +46,7 @@ def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
     ``devices``: a list of devices, or a mesh (Auto or Explicit axes) whose devices to use;
     the strategy builds its own mesh over them. Sizes that do not split over that mesh raise
     the strategy's ``InputError``."""
-    name = roofline.choice("strategy", name, transformer.STRATEGIES)
+    name = hardware.choice("strategy", name, transformer.STRATEGIES)
     batch = checks.count("batch", batch)
     config = transformer.Config(**_sizes(config))
     return _transformer_counts(name, config, batch, roofline.as_devices(devices))

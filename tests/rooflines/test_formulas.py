@@ -1,0 +1,182 @@
+"""Tests for spmd_guide.rooflines.formulas: the closed forms against the counts of compiled
+programs (matmul intensity, the MLP's FLOPs, the ring schedule of the overlapped collective
+matmul), the thresholds of the parallelism page against each other and the scaling book's
+figures, and bad input."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spmd_guide import nn
+from spmd_guide.core import hlo
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.rooflines import formulas, hardware, roofline
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64), st.sampled_from([2, 4]))
+def test_matmul_intensity_closed_form(m, k, n, size):
+    expected = 2 * m * k * n / (size * (m * k + k * n + m * n))
+    assert formulas.matmul_intensity(m, k, n, bytes_per_element=size) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("sizes, batch", [([16, 32, 32, 8], 24), ([8, 24, 4], 10)])
+def test_mlp_forward_and_backward_flops_match_the_closed_forms(sizes, batch):
+    params = nn.init_mlp(jax.random.key(0), sizes)
+    data = (jnp.ones((batch, sizes[0])), jnp.ones((batch, sizes[-1])))
+    forward = roofline.counts(nn.mlp_loss, params, data).flops
+    assert forward == (formulas.mlp_matmul_flops(sizes, batch)
+                       + formulas.mlp_elementwise_flops(sizes, batch))
+    both = roofline.counts(jax.value_and_grad(nn.mlp_loss), params, data).flops
+    matmuls = formulas.mlp_matmul_flops(sizes, batch, with_gradient=True)
+    # The matmuls are all but the element-wise work (bias, ReLU, loss and their gradients).
+    assert matmuls < both <= matmuls + 4 * formulas.mlp_elementwise_flops(sizes, batch)
+
+
+def test_critical_batch_is_where_the_matmul_meets_the_ridge():
+    for key in hardware.CHIPS:
+        batch = formulas.critical_batch(key, d=8192, f=8192)
+        assert formulas.matmul_intensity(round(batch) + 1, 8192, 8192) > hardware.CHIPS[key].ridge
+        assert formulas.matmul_intensity(math.floor(batch) - 1, 8192, 8192) < hardware.CHIPS[key].ridge
+        assert formulas.critical_batch(key) < batch
+    assert formulas.critical_batch("h100-sxm", d=64, f=64) == math.inf
+
+
+def test_dp_over_the_network_reduces_inside_the_node_first():
+    """Review W1: each GPU's NIC carries 1/8 of the gradient after an NVLink reduce-scatter;
+    the scaling book's 2475 tokens per H100 (990e12 / 400e9) is the same model."""
+    flat = formulas.dp_critical_batch("h100-sxm", link="network", group=1)
+    node = formulas.dp_critical_batch("h100-sxm", link="network", group=8)
+    assert node == pytest.approx(flat / 8)
+    assert node == pytest.approx(2475, rel=0.002)
+    # Per TPU slice the network threshold is a batch per slice: group x per-chip is constant.
+    v5p = [g * formulas.dp_critical_batch("tpu-v5p", link="network", group=g) for g in (4, 64)]
+    assert v5p[0] == pytest.approx(v5p[1]) == pytest.approx(4.59e14 / 6.25e9)
+    with pytest.raises(InputError, match="group"):
+        formulas.dp_critical_batch("h100-sxm", link="network")
+    with pytest.raises(InputError, match="network"):
+        formulas.dp_critical_batch("h100-sxm", group=8)
+
+
+def _ring_schedule(compute, comm, ways):
+    """The step of allgather_overlapped, step by step: matmul s beside transfer s + 1."""
+    block, transfer = compute / ways, comm / (ways - 1)
+    return sum(max(block, transfer) for _ in range(ways - 1)) + block
+
+
+def test_ring_overlap_reaches_at_most_2n_minus_1_over_n():
+    """Review W2: n block matmuls and n - 1 transfers (pinned on the compiled program below);
+    the last matmul overlaps nothing, so the gain is (2n-1)/n at best, not 2."""
+    for ways in (2, 4, 8):
+        rows = formulas.ring_matmul_balance_rows(ways, "tpu-v5e")
+        gains = []
+        for m in np.geomspace(rows / 20, rows * 20, 81):
+            compute, comm = formulas.collective_matmul_times(round(m), 4096, 4096, ways, "tpu-v5e")
+            assert formulas.overlapped_time(compute, comm, ways=ways) == pytest.approx(
+                _ring_schedule(compute, comm, ways))
+            gains.append(formulas.overlap_speedup(compute, comm, ways=ways))
+        assert max(gains) == pytest.approx((2 * ways - 1) / ways, rel=1e-3)
+        compute, comm = formulas.collective_matmul_times(round(rows), 4096, 4096, ways, "tpu-v5e")
+        assert formulas.overlap_speedup(compute, comm, ways=ways) == pytest.approx(
+            (2 * ways - 1) / ways, rel=1e-3)
+        assert formulas.overlap_speedup(compute, comm) >= (2 * ways - 1) / ways * 0.999  # 2 streams
+
+
+def test_the_ring_schedule_counts_the_compiled_program():
+    from spmd_guide.core.devices import build_mesh
+    from spmd_guide.shard_map import collective_matmul
+
+    ring = build_mesh((4,), ("ring",), devices=jax.devices()[:4])
+    fn = lambda a, b: collective_matmul.VARIANTS["allgather_overlapped"](a, b, ring, "ring")  # noqa: E731
+    args = (jnp.ones((64, 32)), jnp.ones((32, 16)))
+    text = hlo.compiled_text(fn, *args)
+    assert len(re.findall(r"\bdot\(", text)) == 4  # n block matmuls
+    assert hlo.collective_counts(fn, *args)["collective-permute"] == 3  # n - 1 transfers
+
+
+def test_fsdp_hides_from_data_parallelism_s_batch():
+    """Review W3: the forward's gathers hide only behind the forward's 2BP FLOPs."""
+    for gathers in (1, 2):
+        for n in (8, None):
+            assert formulas.fsdp_critical_batch("h100-sxm", n=n, gathers=gathers) == \
+                pytest.approx(formulas.dp_critical_batch("h100-sxm", n=n))
+    forward = formulas.fsdp_critical_batch("tpu-v5p", phase="forward")
+    assert formulas.fsdp_critical_batch("tpu-v5p", phase="backward", gathers=1) == forward / 2
+    assert formulas.fsdp_critical_batch("tpu-v5p", phase="backward", gathers=2) == forward
+    assert forward == pytest.approx(2550, rel=1e-3)  # the scaling book's v5p figure
+
+
+def test_parallelism_thresholds_balance_compute_and_communication():
+    chip = hardware.CHIPS["h100-sxm"]
+    b = formulas.dp_critical_batch(chip, n=8)
+    params = 1e9
+    assert 4 * b * params / chip.peak_flops_bf16 == pytest.approx(
+        formulas.ring_time(2 * params, 8, chip, kind="all-reduce"))
+    f = formulas.tp_min_width(chip, 4)
+    assert formulas.tp_max_ways(chip, math.ceil(f)) == 4
+    assert formulas.tp_max_ways(chip, math.floor(f)) == 3
+    rows = 3 * 2 * chip.comm_ridge / 2  # where compute meets communication on a 4-ring
+    compute, comm = formulas.collective_matmul_times(round(rows), 512, 1024, 4, chip)
+    assert compute == pytest.approx(comm, rel=1e-3)
+    assert formulas.overlap_speedup(1.0, 1.0) == 2 and formulas.overlap_speedup(3.0, 1.0) == pytest.approx(4 / 3)
+    assert compute > 0 and comm > 0
+
+
+def test_numpy_numbers_work_wherever_python_ones_do():
+    assert formulas.matmul_intensity(np.int64(48), np.int32(80), np.uint16(24),
+                                     bytes_per_element=np.float32(4)) == \
+        formulas.matmul_intensity(48, 80, 24, bytes_per_element=4)
+    assert formulas.critical_batch(np.str_("h200"), d=np.int64(4096), f=np.array(4096)) == \
+        formulas.critical_batch("h200", d=4096, f=4096)
+    assert formulas.ring_time(np.float64(1e6), np.int8(8), "h200", kind=np.str_("all-reduce")) \
+        == formulas.ring_time(1e6, 8, "h200", kind="all-reduce")
+    assert formulas.overlap_speedup(np.float32(4.0), np.float64(3.0), ways=np.int64(4)) == 1.75
+    assert formulas.mlp_matmul_flops(np.array([8, 16, 4]), np.int64(3)) == \
+        formulas.mlp_matmul_flops([8, 16, 4], 3)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("call, error, word", [
+    (lambda: formulas.matmul_intensity(0, 4, 4), InputError, "m"),
+    (lambda: formulas.matmul_intensity(4, 4, 4, bytes_per_element=NAN), InputError, "bytes_per_element"),
+    (lambda: formulas.matmul_intensity("4", 4, 4), InputTypeError, "m"),
+    (lambda: formulas.critical_batch("h200", d=8.0, f=8), InputTypeError, "d"),
+    (lambda: formulas.ring_time(NAN, 8, "h200"), InputError, "buffer_bytes"),
+    (lambda: formulas.ring_time(1e6, 0, "h200"), InputError, "n"),
+    (lambda: formulas.ring_time(1e6, 8, "h200", kind=("all-reduce",)), InputTypeError, "kind"),
+    (lambda: formulas.dp_critical_batch("h200", link="network", group=0), InputError, "group"),
+    (lambda: formulas.fsdp_critical_batch("h200", gathers=3), InputError, "gathers"),
+    (lambda: formulas.fsdp_critical_batch("h200", phase="middle"), InputError, "phase"),
+    (lambda: formulas.tp_max_ways("h200", 0), InputError, "width"),
+    (lambda: formulas.overlap_speedup(NAN, 1.0), InputError, "compute_s"),
+    (lambda: formulas.overlap_speedup(1.0, -1.0), InputError, "comm_s"),
+    (lambda: formulas.overlap_speedup(1.0, 1.0, ways=1), InputError, "ways"),
+    (lambda: formulas.ring_matmul_balance_rows(1, "h200"), InputError, "ways"),
+    (lambda: formulas.collective_matmul_times(8, 8, 8, 0, "h200"), InputError, "ways"),
+    (lambda: formulas.mlp_matmul_flops([8, 4], 4, with_gradient=1), InputTypeError, "with_gradient"),
+    (lambda: formulas.mlp_elementwise_flops([8, 4], -1), InputError, "batch"),
+    (lambda: formulas.matmul_intensity(4, 4.5, 4), InputTypeError, "k"),
+    (lambda: formulas.matmul_intensity(4, 4, 4, bytes_per_element=0), InputError, "bytes_per_element"),
+    (lambda: formulas.critical_batch("h200", d=8), InputError, "both"),
+    (lambda: formulas.ring_time(1e6, 8, "h200", kind="broadcast"), InputError, "kind"),
+    (lambda: formulas.dp_critical_batch("h200", n=1), InputError, "n"),
+    (lambda: formulas.tp_min_width("h200", 1), InputError, "n"),
+    (lambda: formulas.overlap_speedup(0, 0), InputError, "nothing"),
+    (lambda: formulas.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
+])
+def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
