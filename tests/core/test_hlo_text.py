@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,7 +87,45 @@ def test_same_program_reads_through_the_spelling_of_replica_groups():
                                      program(spellings[0]).replace("dimensions={0}", "dimensions={1}"))
 
 
+def test_device_numbers_are_positions_in_the_mesh_not_device_ids():
+    """A mesh over the devices in reverse order prints the same tile assignment and the same
+    replica groups as one in id order; mapped through ``mesh.devices.flat`` they name the
+    devices that really hold each block and that really sum together."""
+    from jax import P
+    from jax.sharding import Mesh, NamedSharding
+
+    devices = np.array(jax.devices()[:8])
+    forward, backward = (Mesh(d.reshape(4, 2), ("a", "b")) for d in (devices, devices[::-1]))
+    texts, groups = [], []
+    for mesh in (forward, backward):
+        x = jax.device_put(jnp.arange(64.0).reshape(8, 8), NamedSharding(mesh, P("b", "a")))
+        lowered = jax.jit(lambda v: v * 2).lower(x).compiler_ir("hlo").as_hlo_text()
+        (line,) = hlo_text.lines_with(lowered, "parameter(0)")
+        notation = "{" + line.split("sharding={", 1)[1].split("}", 1)[0] + "}"
+        texts.append(notation)
+        grid = hlo_text.device_ids(hlo_text.parse_tile_assignment(notation), mesh)
+        holder = {(s.index[0].start // 4, s.index[1].start // 2): s.device.id
+                  for s in x.addressable_shards}
+        assert grid.tolist() == [[holder[(i, j)] for j in range(4)] for i in range(2)]
+        summed = jax.jit(lambda v: v.sum(axis=1), out_shardings=NamedSharding(mesh, P("b")))
+        (op,) = [c for c in hlo.collectives(summed, x) if c.kind == "all-reduce"]
+        groups.append(op.groups)
+        ids = hlo_text.device_ids(op.groups, mesh)
+        b_of = {d.id: int(np.argwhere(mesh.devices == d)[0][1]) for d in mesh.devices.flat}
+        assert all(len({b_of[i] for i in group}) == 1 for group in ids)
+    assert texts[0] == texts[1] and groups[0] == groups[1]
+    assert hlo_text.device_ids(groups[1], backward) != groups[1]
+    assert hlo_text.device_ids(groups[0], list(forward.devices.flat)) == groups[0]
+
+
 @pytest.mark.parametrize(("call", "error", "word"), [
+    (lambda: hlo_text.device_ids(((0, 8),), jax.devices()[:8]), checks.InputError,
+     "position 8"),
+    (lambda: hlo_text.device_ids(np.array([[0.5]]), jax.devices()[:1]), checks.InputTypeError,
+     "integer"),
+    (lambda: hlo_text.device_ids((0, 1), jax.devices()[:2]), checks.InputTypeError,
+     "tile grid"),
+    (lambda: hlo_text.device_ids(((0,),), [0, 1]), checks.InputTypeError, "Mesh"),
     (lambda: hlo_text.parse_shape("float32[4]"), checks.InputError, "HLO element type"),
     (lambda: hlo_text.parse_shape(4), checks.InputTypeError, "shape text"),
     (lambda: hlo_text.Buffer("f32", (-1, 4)), checks.InputError, "non-negative"),

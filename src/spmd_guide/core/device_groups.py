@@ -8,6 +8,11 @@ axes and ``shard_map``'s as explicit lists; JAX 0.12 prints both with mesh axes 
 groups follow them (explicit lists remain for groups that do not, such as
 ``axis_index_groups``). GSPMD's notation for a sharding, ``{devices=[2,4]<=[4,2]T(1,0)}``, is
 read by :func:`parse_tile_assignment`. :mod:`spmd_guide.core.hlo_text` re-exports all of it.
+
+Every number these functions return is a *position* in the compiled program's device list
+(for a program over one mesh, ``mesh.devices.flat``), which is what HLO writes; it is a
+``jax.Device.id`` only when that list is in id order. ``hlo_text.device_ids`` maps positions
+to ids.
 """
 
 from __future__ import annotations
@@ -102,8 +107,8 @@ def _mesh_groups(match: re.Match[str]) -> tuple[tuple[int, ...], ...]:
 
 
 def _device_list(text: str, count: int) -> np.ndarray:
-    """Device ids of a mesh, printed as an iota (``[4,2]T(1,0)``, optionally after
-    ``[dims]<=``) or as a list of ids (optionally after its ``[dims]``)."""
+    """Device positions of a mesh, printed as an iota (``[4,2]T(1,0)``, optionally after
+    ``[dims]<=``) or as a list (optionally after its ``[dims]``)."""
     iota = re.match(r"^(?:\[[\d,]+\]<=)?\[([\d,]+)\](?:T\(([\d,]+)\))?$", text)
     if iota:
         perm = _ints(iota.group(2)) if iota.group(2) else None
@@ -116,7 +121,8 @@ def _device_list(text: str, count: int) -> np.ndarray:
 
 
 def parse_replica_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """The device groups an HLO ``replica_groups=`` value names, in any of its three spellings.
+    """The device groups an HLO ``replica_groups=`` value names, in any of its three spellings,
+    as positions in the program's device list (module docs).
 
     >>> parse_replica_groups("{{0,2},{1,3}}")
     ((0, 2), (1, 3))
@@ -161,12 +167,13 @@ _TILES = re.compile(
 
 
 def parse_tile_assignment(text: str) -> np.ndarray:
-    """Which device holds which tile, from GSPMD's sharding notation.
+    """Which device holds which tile, from GSPMD's sharding notation, as positions in the
+    program's device list (``mesh.devices.flat``; ``hlo_text.device_ids`` maps them to ids).
 
     ``{devices=[2,4]<=[4,2]T(1,0)}`` cuts the array into 2 x 4 tiles. The part after
-    ``<=`` is not a list of devices: it says how to write the device ids 0..n-1 (an *iota*):
+    ``<=`` is not a list of devices: it says how to write the positions 0..n-1 (an *iota*):
     reshape ``arange(8)`` to ``[4,2]`` and transpose it by ``(1,0)``; that array, read in
-    order, fills the ``[2,4]`` grid of tiles. Older programs list the ids instead
+    order, fills the ``[2,4]`` grid of tiles. Older programs list the positions instead
     (``devices=[2,4]0,2,4,6,1,3,5,7``). With ``last_tile_dim_replicate`` the last entry of
     the dimensions counts copies of each tile. Returns an integer array of the tile grid's
     shape (copies last).

@@ -94,8 +94,9 @@ class Collective:
     ``buffers`` are the arrays the cost model charges (the gathered output of an all-gather,
     the operands otherwise); ``shape``/``dtype`` are those of the single buffer, or tuples of
     them for a tuple-shaped op. ``groups`` are the device groups (replica groups; for a
-    collective-permute, its source-target pairs; empty when the op names every device),
-    ``line`` the op's HLO text.
+    collective-permute, its source-target pairs; empty when the op names every device), as
+    HLO writes them: positions in the program's device list (``mesh.devices.flat``), which
+    ``hlo_text.device_ids`` maps to ``jax.Device.id`` s. ``line`` is the op's HLO text.
     """
 
     kind: str

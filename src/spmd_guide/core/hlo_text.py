@@ -9,7 +9,9 @@ device. This module parses that text properly rather than grepping it, and
   operands and tuple shapes that contain parentheses are read whole.
 * Shapes become :class:`Buffer` s (``f32[4,8]``, tuples flattened).
 * Device groups (``replica_groups``, in their three spellings) and GSPMD's tile
-  assignments are read by :mod:`spmd_guide.core.device_groups`, re-exported here.
+  assignments are read by :mod:`spmd_guide.core.device_groups`, re-exported here. Their
+  numbers are *positions* in the compiled program's device list (for a program over one
+  mesh, ``mesh.devices.flat``), not ``jax.Device.id`` s; :func:`device_ids` maps them.
 * Only computations reachable from ``ENTRY`` (through ``calls=``, ``to_apply=``, ``body=``,
   ``condition=``, branches, ...) are visited, each once.
 """
@@ -19,9 +21,11 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 
 from spmd_guide.core import checks
 from spmd_guide.core.device_groups import (  # re-exported: hlo_text is where readers look
@@ -31,7 +35,8 @@ from spmd_guide.core.device_groups import (  # re-exported: hlo_text is where re
 )
 
 __all__ = [
-    "KINDS", "Buffer", "Instruction", "Module", "entry_computation", "entry_instructions",
+    "KINDS", "Buffer", "Instruction", "Module", "device_ids", "entry_computation",
+    "entry_instructions",
     "lines_with", "parse_module", "same_program", "parse_replica_groups", "parse_shape",
     "differing_lines", "parse_tile_assignment", "program_text", "reachable",
     "replica_groups_text",
@@ -371,3 +376,54 @@ def lines_with(text: str | jax.stages.Compiled, *needles: str) -> list[str]:
         raise checks.InputError("lines_with needs at least one non-empty string to look for.")
     return [line.strip() for line in program_text(text).splitlines()
             if any(n in line for n in needles)]
+
+
+def device_ids(positions: np.ndarray | Sequence[Sequence[int]],
+               devices: jax.sharding.Mesh | Sequence[jax.Device]
+               ) -> np.ndarray | tuple[tuple[int, ...], ...]:
+    """The ``jax.Device.id`` s that HLO device numbers stand for.
+
+    The numbers in a tile assignment (:func:`parse_tile_assignment`), in replica groups
+    (:func:`parse_replica_groups`, ``hlo.Collective.groups``) and in source-target pairs are
+    positions in the compiled program's device list, not device ids. For a program over one
+    mesh that list is ``mesh.devices.flat``; it is in id order only when the mesh is (as on
+    CPU mock devices; not, in general, for ``jax.make_mesh`` on a TPU). ``devices`` is that
+    mesh, or the device list itself (a sequence of ``jax.Device``). Returns ``positions``
+    with each number replaced by the id of the device at that position: an integer array of
+    the same shape for an array (a tile grid), tuples of tuples for groups.
+
+    >>> import jax, numpy as np
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:2][::-1]), ("x",))
+    >>> device_ids(((0, 1),), mesh) == ((jax.devices()[1].id, jax.devices()[0].id),)
+    True
+    """
+    if isinstance(devices, jax.sharding.Mesh):
+        listed = list(devices.devices.flat)
+    elif isinstance(devices, (list, tuple)) and all(isinstance(d, jax.Device) for d in devices):
+        listed = list(devices)
+    else:
+        raise checks.InputTypeError(
+            f"device_ids needs a Mesh or the program's device list (a sequence of "
+            f"jax.Device), got {checks.value_text(devices)}.")
+    ids = np.array([d.id for d in listed])
+    table = positions if isinstance(positions, np.ndarray) else None
+    if table is None:
+        if not isinstance(positions, (list, tuple)) or not all(
+                isinstance(g, (list, tuple)) for g in positions):
+            raise checks.InputTypeError(
+                "device_ids needs a tile grid (an integer array) or groups (a sequence of "
+                f"sequences of positions), got {checks.value_text(positions)}.")
+        flat = [v for g in positions for v in g]
+    else:
+        if not np.issubdtype(table.dtype, np.integer):
+            raise checks.InputTypeError(
+                f"device_ids needs integer positions, got an array of {table.dtype}.")
+        flat = table.reshape(-1).tolist()
+    bad = [v for v in flat if not isinstance(v, (int, np.integer)) or not 0 <= v < len(ids)]
+    if bad:
+        raise checks.InputError(
+            f"device_ids: position {bad[0]!r} is not in the program's device list "
+            f"({len(ids)} devices, positions 0 to {len(ids) - 1}).")
+    if table is not None:
+        return ids[table]
+    return tuple(tuple(int(ids[v]) for v in g) for g in positions)
