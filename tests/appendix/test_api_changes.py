@@ -37,6 +37,7 @@ EXPECTED = {
     "jax.custom_remat(f, f_fwd, f_rem, f_bwd)": "removed",
     "from jax.checkpoint_policies import dots_saveable": "SimpleNamespace, not a module",
     "jax.checkpoint as it always worked": "jax_remat3 = False",
+    "jax.lax.psend / jax.lax.precv (point-to-point send and receive)": "deprecated",
 }
 
 
@@ -82,6 +83,8 @@ def test_the_new_rows_say_what_the_installed_jax_does():
     with pytest.raises(ImportError):
         importlib.import_module("jax.experimental.shard_alike")
     assert jax.config.jax_remat3 is False
+    assert resolve("jax.lax.psend") == resolve("jax.lax.precv") == "deprecated"
+    assert callable(jax.lax.ppermute) and resolve("jax.lax.ppermute") == "present"
     with jax.set_mesh(mesh_of(4, ("x", "y"), (2, 2), explicit=True)):
         a = jax.device_put(jnp.ones((4, 4)), P("x", "y"))
         b = jax.device_put(jnp.ones((4, 4)), P("x", None))
