@@ -80,6 +80,18 @@ def test_open_mpi_5_needs_mpi4py_and_detect_never_starts_mpi(env, installed, mon
     assert cluster.mpi4py_installed() is installed
 
 
+def test_kubernetes_is_not_detected_without_the_kubernetes_package(monkeypatch):
+    """multihost.md: in a pod (KUBERNETES_SERVICE_HOST set) JAX's K8sCluster detects nothing,
+    with a warning naming jax[k8s], when the `kubernetes` package cannot be imported."""
+    from jax._src.clusters.k8s_cluster import K8sCluster
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # import kubernetes -> ImportError
+    with pytest.warns(UserWarning, match=r"jax\[k8s\]"):
+        assert K8sCluster.is_env_present() is False
+    assert "K8sCluster" in [row["class"] for row in cluster.detectors()]
+
+
 def test_open_mpi_4_with_its_version_is_read_from_variables():
     found = cluster.detect({**OMPI4, "OMPI_VERSION": "4.1.6"})
     assert (found["cluster"], found["num_processes"], found["needs"]) == ("OmpiCluster", 16, None)

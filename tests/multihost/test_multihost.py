@@ -265,6 +265,30 @@ def test_a_frozen_process_is_declared_dead_and_the_others_terminated():
 
 
 @pytest.mark.slow
+def test_a_process_that_exits_is_noticed_like_a_frozen_one():
+    """multihost.md (review B1): a process that exits without shutting down (os._exit, a
+    crash) does not make the others fail at once over gloo; they wait in the collective
+    until the coordination service finds its heartbeats overdue, as for a frozen process.
+    Both runs go at once, as on the page, with a 1 s heartbeat timeout."""
+    ended = multihost_examples.failure_modes(("stop", "exit"), heartbeat_timeout=1)
+    assert sorted(ended) == ["exit", "stop"]
+    exited = ended["exit"]
+    assert isinstance(exited, ProcessFailed) and exited.process_id == 0
+    survivor, gone = exited.results
+    assert gone.ended == "exit code 0" and gone.row()["last line printed"] == "process 1 exits"
+    assert survivor.ended == "signal 6 (SIGABRT)"
+    assert survivor.row()["last line printed"] == "process 0 waits in the second sum"
+    assert service_verdict(exited.stderr).endswith("(stopped sending heartbeats): 1.")
+    assert gone.seconds < survivor.seconds < 30  # it waited past the exit, then was aborted
+    assert ended["stop"].results[0].ended == "signal 6 (SIGABRT)"
+    table = multihost_examples.failure_table(ended).rows
+    assert [row["coordination service"] for row in table if row["process"] == 0] == [
+        "declared 1 dead"] * 2
+    for failed in ended.values():
+        assert_nothing_left(failed.results)
+
+
+@pytest.mark.slow
 def test_a_process_hanging_alive_keeps_the_others_waiting():
     """multihost.md: a live but stuck process keeps sending heartbeats, so even a 1 s
     heartbeat timeout never fires; only the launcher's time limit ends the run."""

@@ -14,6 +14,7 @@ import signal
 import textwrap
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
 from spmd_guide.core.display import Table
+from spmd_guide.multihost import multihost
 from spmd_guide.nn import STRATEGIES, Params, init_mlp, make_regression_batch, mlp_loss
 from spmd_guide.randomness.data import sharded_batches
 
@@ -131,27 +133,77 @@ def freeze(*, frozen: int = 1, how: str = "stop") -> float:
 
     ``how="stop"``: as on a host that loses power, it stops itself (``SIGSTOP``): its
     connections stay open but it sends nothing, heartbeats included, and JAX's coordination
-    service terminates the others once the heartbeats are overdue. ``how="hang"``: it stays
-    alive in a Python loop; its heartbeats go on, and the others wait until something else
-    (a time limit) ends them.
+    service terminates the others once the heartbeats are overdue. ``how="exit"``: as a
+    crash, it ends at once (``os._exit(0)``: no shutdown, no goodbye to the service; exit
+    code 0 so that the launcher, which stops everything when a process fails, does not step
+    in). Its heartbeats stop too, and the others are terminated the same way, after the
+    heartbeat timeout. ``how="hang"``: it stays alive in a Python loop; its heartbeats go
+    on, and the others wait until something else (a time limit) ends them.
     """
     frozen = checks.count("frozen", frozen, minimum=0, maximum=jax.process_count() - 1)
-    how = checks.one_of("how", how, ("stop", "hang"))
+    how = checks.one_of("how", how, ("stop", "exit", "hang"))
     me = jax.process_index()
     mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
     x = jax.make_array_from_process_local_data(
         NamedSharding(mesh, P("data")), np.ones(jax.local_device_count(), np.float32))
     print(f"process {me}: first sum = {float(jax.jit(jnp.sum)(x)):g}", flush=True)
     if me == frozen:
-        print(f"process {me} freezes", flush=True)
+        print(f"process {me} {'exits' if how == 'exit' else 'freezes'}", flush=True)
         if how == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if how == "exit":
+            os._exit(0)
         while True:
             time.sleep(0.1)
     start = time.monotonic()
     print(f"process {me} waits in the second sum", flush=True)
     float(jax.jit(jnp.sum)(x + 1))
     return time.monotonic() - start
+
+
+FAILURE_WAYS = {"stop": "freezes (SIGSTOP)", "exit": "exits (os._exit)",
+                "hang": "hangs alive"}
+
+
+def failure_modes(hows: Sequence[str] = ("stop", "exit"), *, heartbeat_timeout: int = 1,
+                  timeout: float = 60.0) -> dict[str, Any]:
+    """Run :func:`freeze` once for each way in ``hows``, all at the same time (two processes
+    of two devices each, ``initialize``'s heartbeat timeout set to ``heartbeat_timeout``
+    seconds), and return how each run ended: the ``ProcessFailed`` (or ``ProcessTimeout``)
+    the launcher raised, by way. Process 1 is the one that stops, exits or hangs; process 0
+    waits in a collective with it.
+    """
+    if isinstance(hows, str) or not isinstance(hows, Sequence) or not hows:
+        raise checks.InputTypeError(
+            f"hows must be a non-empty list of ways, from {sorted(FAILURE_WAYS)}, got {hows!r:.60}.")
+    hows = [checks.one_of("how", how, FAILURE_WAYS) for how in hows]
+    if len(set(hows)) != len(hows):
+        raise checks.InputError(f"hows names a way twice: {hows}.")
+    heartbeat_timeout = checks.count("heartbeat_timeout", heartbeat_timeout)
+
+    def run(how: str) -> Any:
+        try:
+            multihost.launch(freeze, num_processes=2, devices_per_process=2,
+                             heartbeat_timeout=heartbeat_timeout, timeout=timeout,
+                             kwargs={"how": how})
+        except multihost.ProcessFailed as failed:
+            return failed
+        raise RuntimeError(f"freeze(how={how!r}) ended without a failure")
+
+    with ThreadPoolExecutor(max_workers=len(hows)) as pool:
+        return dict(zip(hows, pool.map(run, hows), strict=True))
+
+
+def failure_table(ended: dict[str, Any]) -> Table:
+    """One row per way and process of :func:`failure_modes`: how it ended, when, and why."""
+    rows = []
+    for how, failed in ended.items():
+        for result in failed.results:
+            verdict = multihost.service_verdict(result.stderr) or ""
+            rows.append({"process 1": FAILURE_WAYS[how], **result.row(),
+                         "coordination service": "declared 1 dead" if
+                         verdict.endswith("(stopped sending heartbeats): 1.") else verdict})
+    return Table(rows)
 
 
 def _process_id(name: str, value: Any) -> int | None:
