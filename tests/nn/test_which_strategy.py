@@ -15,19 +15,26 @@ from spmd_guide.nn import which_strategy
 GIB = 2**30
 
 
-@pytest.mark.parametrize(("params", "batch", "answer", "mesh"), [
-    (4 * 10**9, 256, "DP", {"data": 8}),                    # 16 GB of state < 40 GiB budget
-    (4 * 10**9, 4, "DP x TP", {"data": 4, "model": 2}),     # too few examples for 8 devices
-    (4 * 10**9, 1, "TP", {"model": 8}),                     # one example: all TP
-    (4 * 10**9, 100, "DP x TP", {"data": 4, "model": 2}),   # 100 does not split over 8 (P4-W1)
-    (4 * 10**9, 9, "TP", {"model": 8}),                     # nor over 2: tensor parallel alone
-    (40 * 10**9, 256, "FSDP", {"data": 8}),                 # 160 GB of state, 20 GB per device
-    (40 * 10**9, 2, "FSDP x TP", {"data": 2, "model": 4}),
-    (400 * 10**9, 256, "none", {}),                         # 1.6 TB: 200 GB per device
+@pytest.mark.parametrize(("params", "batch", "answer", "mesh", "round_to"), [
+    (4 * 10**9, 256, "DP", {"data": 8}, None),                  # 16 GB of state < 40 GiB budget
+    (4 * 10**9, 4, "DP x TP", {"data": 4, "model": 2}, None),   # too few examples for 8 devices
+    (4 * 10**9, 1, "TP", {"model": 8}, None),                   # one example: all TP
+    # B2: a batch that does not split is rounded, not answered with tensor parallelism
+    (4 * 10**9, 100, "DP", {"data": 8}, (96, 104)),
+    (4 * 10**9, 9, "DP", {"data": 8}, (8, 16)),
+    (4 * 10**9, 1000, "DP", {"data": 8}, None),
+    (4 * 10**9, 5, "DP x TP", {"data": 4, "model": 2}, (4, 8)),  # below n: the axis shrinks
+    (40 * 10**9, 256, "FSDP", {"data": 8}, None),               # 160 GB of state, 20 GB each
+    (40 * 10**9, 100, "FSDP", {"data": 8}, (96, 104)),
+    (40 * 10**9, 2, "FSDP x TP", {"data": 2, "model": 4}, None),
+    (400 * 10**9, 256, "none", {}, None),                       # 1.6 TB: 200 GB per device
 ])
-def test_recommend(params, batch, answer, mesh):
+def test_recommend(params, batch, answer, mesh, round_to):
     rec = which_strategy.recommend(params, 80 * GIB, batch=batch, n_devices=8)
-    assert rec.answer == answer and rec.mesh == mesh
+    assert rec.answer == answer and rec.mesh == mesh and rec.round_to == round_to
+    assert rec.batch == batch
+    if round_to:
+        assert f"The batch of {batch} does not split evenly" in " ".join(rec.explain().split())
     assert rec.state_bytes == 4 * params  # params + grads + AdamW's mu and nu
     words = " ".join(rec.explain().split())
     assert rec.title in words and ("Yes" in words or answer == "none")
@@ -51,6 +58,11 @@ def test_budget_and_optimizer_slots_move_the_line():
                         memory_fraction=1.0, optimizer_slots=1).answer == "DP"
     assert which_strategy.recommend(10**9, 80 * GIB, batch=64, n_devices=8,
                         min_batch_per_device=16).mesh == {"data": 4, "model": 2}
+    # below n x min_batch_per_device the data axis shrinks; at or above it, it does not
+    assert which_strategy.recommend(10**9, 80 * GIB, batch=100, n_devices=8,
+                        min_batch_per_device=16).mesh == {"data": 4, "model": 2}
+    assert which_strategy.recommend(10**9, 80 * GIB, batch=130, n_devices=8,
+                        min_batch_per_device=16).mesh == {"data": 8}
 
 
 @settings(max_examples=15, deadline=None)
@@ -61,10 +73,18 @@ def test_recommend_is_consistent(n, batch, params):
     if rec.answer != "none":
         data = rec.mesh.get("data", 1)
         assert data * rec.mesh.get("model", 1) == n
-        assert batch % data == 0  # the strategies refuse an uneven split
+        # the strategies refuse an uneven split: the batch is rounded to the data axis
+        if rec.round_to is None:
+            assert batch % data == 0
+        else:
+            low, high = rec.round_to
+            assert low % data == 0 and high % data == 0 and low < batch < high
+            assert high - low == data and low >= data
         assert rec.state_bytes_per_device <= rec.budget_bytes
-        # the explanation answers its own question rightly (P4-W1)
-        assert dict(rec.path)["batch"] == (batch % n == 0)
+        # the explanation answers its own question rightly (P4-W1), and divisibility alone
+        # never shrinks the data axis (B2)
+        assert dict(rec.path)["batch"] == (batch >= n)
+        assert (data == n) == (batch >= n)
         assert (rec.answer == "TP") == (data == 1 and n > 1)
         assert rec.answer not in ("DP x TP", "FSDP x TP") or 1 < data < n
     html = which_strategy.flowchart(rec)._repr_html_()
@@ -80,7 +100,10 @@ def test_the_book_strategy_named_can_build_the_mesh():
     assert dict(AutoDataTensorParallel(model_size=4).mesh(DEVICES).shape) == {"batch": 2, "model": 4}
     assert which_strategy.recommend(4 * 10**9, 80 * GIB, batch=4, n_devices=8).book_strategies == "auto_dp_tp"
     words = " ".join(which_strategy.recommend(4 * 10**9, 80 * GIB, batch=100, n_devices=8).explain().split())
-    assert "split evenly over all n devices, at least the smallest batch per device each? No." in words
+    assert "at least n times the smallest batch per device (enough examples for every device)? Yes." in words
+    assert "round it to a multiple of 8, 96 or 104 (drop the last 4 examples, or pad 4 examples)" in words
+    words = " ".join(which_strategy.recommend(4 * 10**9, 80 * GIB, batch=5, n_devices=8).explain().split())
+    assert "? No." in words and "(drop the last 1 example, or pad 3 examples)" in words
 
 
 def test_numpy_scalars_work_where_python_ones_do():
@@ -91,7 +114,7 @@ def test_numpy_scalars_work_where_python_ones_do():
                                      n_devices=np.uint8(8), memory_fraction=np.float32(0.5),
                                      optimizer_slots=np.int16(2), min_batch_per_device=np.int64(1))
     assert numpy == plain
-    assert which_strategy.data_axis_size(np.int64(12), np.int32(8)) == 4
+    assert which_strategy.data_axis_size(np.int64(12), np.int32(8)) == 8
     assert which_strategy.training_state_bytes(np.int64(10), optimizer_slots=np.int8(0)) == 20
 
 
@@ -109,8 +132,18 @@ def test_flowchart_marks_the_path():
 
 
 def test_data_axis_size():
-    assert which_strategy.data_axis_size(12, 8) == 4 and which_strategy.data_axis_size(3, 8) == 1
+    """Enough examples per device decides the axis, not divisibility (B2)."""
+    assert which_strategy.data_axis_size(12, 8) == 8 and which_strategy.data_axis_size(3, 8) == 2
     assert which_strategy.data_axis_size(64, 8, min_batch_per_device=16) == 4
+    assert which_strategy.data_axis_size(15, 8, min_batch_per_device=16) == 1
+
+
+def test_round_batch():
+    assert which_strategy.round_batch(100, 8) == (96, 104)
+    assert which_strategy.round_batch(96, 8) is None and which_strategy.round_batch(7, 1) is None
+    assert which_strategy.round_batch(9, 8) == (8, 16)
+    with pytest.raises(InputError, match="data"):
+        which_strategy.round_batch(9, 0)
 
 
 @pytest.mark.slow

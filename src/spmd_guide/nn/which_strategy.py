@@ -32,8 +32,8 @@ PARAMS_AND_GRADS = 2
 QUESTIONS: dict[str, str] = {
     "fits": "Does the whole training state fit in one device's budget?",
     "fits_sharded": "Does 1/n of it fit (sharded over all n devices)?",
-    "batch": ("Does the global batch split evenly over all n devices, at least the smallest "
-              "batch per device each?"),
+    "batch": ("Is the global batch at least n times the smallest batch per device (enough "
+              "examples for every device)?"),
 }
 
 #: The answers (leaves of the flowchart), by id: what to run and which book strategies do it.
@@ -62,16 +62,32 @@ def training_state_bytes(param_bytes: int, *, optimizer_slots: int = 2) -> int:
 
 
 def data_axis_size(batch: int, n_devices: int, *, min_batch_per_device: int = 1) -> int:
-    """The largest divisor ``d`` of ``n_devices`` that splits ``batch`` evenly with at least
-    ``min_batch_per_device`` examples per device (1 if none does)."""
+    """The largest divisor ``d`` of ``n_devices`` that gives each of its devices at least
+    ``min_batch_per_device`` examples of ``batch`` (``batch >= d * min_batch_per_device``;
+    1 if none does). Whether ``batch`` splits evenly over ``d`` is not asked: an uneven batch
+    is rounded to a multiple of ``d`` (:func:`round_batch`), not answered with a smaller axis."""
     batch = checks.count("batch", batch)
     n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
     min_batch_per_device = checks.count("min_batch_per_device", min_batch_per_device)
     best = 1
     for d in range(1, n_devices + 1):
-        if n_devices % d == 0 and batch % d == 0 and batch // d >= min_batch_per_device:
+        if n_devices % d == 0 and batch >= d * min_batch_per_device:
             best = d
     return best
+
+
+def round_batch(batch: int, data: int) -> tuple[int, int] | None:
+    """The multiples of ``data`` just below and just above ``batch`` (drop the remainder, or
+    pad), or None when ``data`` already divides ``batch``.
+
+    >>> round_batch(100, 8)
+    (96, 104)
+    """
+    batch = checks.count("batch", batch)
+    data = checks.count("data", data, maximum=checks.MAX_DEVICES)
+    if batch % data == 0:
+        return None
+    return batch - batch % data, batch + (-batch) % data
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,8 @@ class Recommendation:
     budget_bytes: int
     batch_per_device: float
     path: tuple[tuple[str, bool], ...]
+    batch: int = 0
+    round_to: tuple[int, int] | None = None
 
     @property
     def title(self) -> str:
@@ -113,8 +131,19 @@ class Recommendation:
             f"{hlo.format_bytes(self.state_bytes_per_device)} per device under this layout, "
             f"budget {hlo.format_bytes(self.budget_bytes)} per device; "
             f"examples per device: {self.batch_per_device:g}.")
+        if self.round_to is not None:
+            low, high = self.round_to
+            data = self.mesh.get("data", 1)
+            lines.append(
+                f"The batch of {self.batch} does not split evenly over data={data}: round it "
+                f"to a multiple of {data}, {low} or {high} (drop the last "
+                f"{_examples(self.batch - low)}, or pad {_examples(high - self.batch)}).")
         lines.append(f"-> {self.title}, mesh {mesh} (in this book: {self.book_strategies}).")
         return wrap("\n".join(lines))
+
+
+def _examples(count: int) -> str:
+    return f"{count} example" if count == 1 else f"{count} examples"
 
 
 def recommend(
@@ -132,11 +161,15 @@ def recommend(
     The budget per device is ``memory_fraction * device_bytes`` (the rest is for activations
     and temporaries). If the training state (:func:`training_state_bytes`) fits the budget,
     parameters are replicated (DP); if only 1/n of it fits, they are sharded (FSDP); if not
-    even that, no layout of this Part fits. Then the batch: every strategy splits it evenly
-    or refuses it, so the data axis is the largest divisor of ``n_devices`` that divides the
-    batch with ``min_batch_per_device`` examples each (all ``n`` when the batch allows);
-    devices left over form a ``model`` axis for tensor parallelism: 2-D, or tensor parallel
-    alone when the data axis is 1.
+    even that, no layout of this Part fits. Then the batch. When it holds at least
+    ``n * min_batch_per_device`` examples, the data axis takes all ``n`` devices. Every
+    strategy splits the batch evenly or refuses it, so a batch that ``n`` does not divide is
+    to be rounded to a multiple of ``n`` (``round_to``: drop the remainder, or pad); its
+    divisibility never turns the layout into tensor parallelism. Only a batch smaller than
+    ``n * min_batch_per_device`` shrinks the data axis, to the largest divisor of ``n`` that
+    still gives each device ``min_batch_per_device`` examples (:func:`data_axis_size`; the
+    batch rounded to a multiple of it if need be); the devices left over form a ``model``
+    axis for tensor parallelism: 2-D, or tensor parallel alone when the data axis is 1.
     """
     budget_bytes = int(checks.real("memory_fraction", memory_fraction, positive=True,
                                    maximum=1.0) * checks.count("device_bytes", device_bytes))
@@ -150,9 +183,9 @@ def recommend(
         path.append(("fits_sharded", math.ceil(state / n) <= budget_bytes))
         if not path[-1][1]:
             return Recommendation("none", {}, state, math.ceil(state / n), budget_bytes,
-                                  batch / n, tuple(path))
+                                  batch / n, tuple(path), batch)
     sharded = not path[0][1]
-    path.append(("batch", batch % n == 0 and batch // n >= min_batch))
+    path.append(("batch", batch >= n * min_batch))
     data = n if path[-1][1] else data_axis_size(batch, n, min_batch_per_device=min_batch)
     model = n // data
     if model == 1:
@@ -165,12 +198,15 @@ def recommend(
     per_device = (math.ceil(state / n) if sharded or answer == "TP"
                   else math.ceil(state / model))
     return Recommendation(answer, mesh, state, per_device, budget_bytes, batch / data,
-                          tuple(path))
+                          tuple(path), batch, round_batch(batch, data))
 
 
 def _leaf(target: str) -> str:
-    """A flowchart leaf in words; the 2-D leaves say that a data axis of 1 leaves plain TP."""
+    """A flowchart leaf in words; the 2-D leaves say that a data axis of 1 leaves plain TP,
+    the 1-D ones that the batch is rounded to a multiple of n."""
     title = ANSWERS[target][0]
+    if target in ("DP", "FSDP"):
+        return f"{title} (round the batch to a multiple of n)"
     return f"{title} (TP alone if no data axis fits)" if target.endswith("x TP") else title
 
 
