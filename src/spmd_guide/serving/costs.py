@@ -7,12 +7,13 @@ compiled program come:
 
 * **FLOPs** per device (XLA's cost analysis);
 * **bytes read** per device: the step's arguments (XLA's memory analysis: the parameters and
-  the cache this device holds, and the tokens) less the two lookup tables, token embeddings
-  and position embeddings, of which a step reads only the rows of its tokens. Every
-  weight and every cached key and value is read at least once per step, so this is the
-  floor on the step's memory traffic. (XLA:CPU's own "bytes accessed" is shown beside it:
-  it charges a gather of several rows with its whole table, and at batch 1 it adds copies of
-  the cache that its layout choices make; neither is what an accelerator must read.);
+  the cache this device holds, and the tokens) less the two lookup tables, of which a step
+  reads only its tokens' rows. The step takes the whole cache as an input and reads every
+  weight and every cached key and value at least once, so this is the floor on its memory
+  traffic (a prefill into an empty cache need only write its prompt's keys and values,
+  :attr:`StepCounts.written_bytes`). XLA:CPU's own "bytes accessed" is kept beside it: it
+  charges a gather of several rows with its whole table, and at batch 1 it adds copies of
+  the cache that its layout choices make; neither is what an accelerator must read;
 * **bytes sent** and the collectives (:mod:`spmd_guide.core.hlo`).
 
 Priced as Part V prices everything (:func:`spmd_guide.rooflines.roofline.estimate`, bytes
@@ -20,10 +21,9 @@ as bfloat16): a step takes at least the longest of its compute, memory and commu
 times. These are predictions, not measurements. They price communication by bandwidth
 alone; :func:`collective_latency` adds the fixed cost each collective has whatever its size.
 
-Every public function checks its arguments (:mod:`spmd_guide.core.checks`): sizes are
-positive integers, strategy names are names of :data:`serving.SERVED`, chips are names of
-:data:`spmd_guide.rooflines.hardware.CHIPS` (or a ``Chip``), and the step counts, lines and
-served rows it is given must be this module's.
+Every public function checks its arguments (:mod:`spmd_guide.core.checks`): sizes, strategy
+names (:data:`serving.SERVED`), chips (:data:`spmd_guide.rooflines.hardware.CHIPS`), and the
+step counts, lines and served rows it is given, which must be this module's.
 """
 
 from __future__ import annotations
@@ -101,28 +101,29 @@ class StepCounts:
         return ", ".join(f"{n} {kind}" for kind, n in self.collectives.items() if n) or "none"
 
 
-def _step(name: str, value: Any) -> StepCounts:
-    if not isinstance(value, StepCounts):
-        raise checks.InputTypeError(
-            f"{name} must be a StepCounts from costs.step_counts(...), got "
-            f"{checks.value_text(value)}.")
+_MADE_BY = {"StepCounts": "costs.step_counts(...)", "Line": "costs.Line.through(a, b)",
+            "Served": "costs.serve_table(...)"}
+
+
+def _one[T](name: str, value: Any, kind: type[T]) -> T:
+    if not isinstance(value, kind):
+        raise checks.InputTypeError(f"{name} must be a {kind.__name__} from "
+                                    f"{_MADE_BY[kind.__name__]}, got {checks.value_text(value)}.")
     return value
 
 
-def _items[T](name: str, values: Any, kind: type[T], made_by: str) -> list[T]:
+def _step(name: str, value: Any) -> StepCounts:
+    return _one(name, value, StepCounts)
+
+
+def _items[T](name: str, values: Any, kind: type[T]) -> list[T]:
     """A non-empty sequence (not a string) of ``kind``."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
-        raise checks.InputTypeError(
-            f"{name} must be a list of {kind.__name__} (from {made_by}), got "
-            f"{checks.value_text(values)}.")
+        raise checks.InputTypeError(f"{name} must be a list of {kind.__name__} (from "
+                                    f"{_MADE_BY[kind.__name__]}), got {checks.value_text(values)}.")
     if not values:
         raise checks.InputError(f"{name} is empty; pass at least one {kind.__name__}.")
-    for i, value in enumerate(values):
-        if not isinstance(value, kind):
-            raise checks.InputTypeError(
-                f"{name}[{i}] must be a {kind.__name__} (from {made_by}), got "
-                f"{checks.value_text(value)}.")
-    return list(values)
+    return [_one(f"{name}[{i}]", value, kind) for i, value in enumerate(values)]
 
 
 def _config(overrides: dict[str, Any]) -> Config:
@@ -255,7 +256,7 @@ def phase_rows(steps: Sequence[StepCounts], chip: str | hardware.Chip = "h100-sx
                ) -> list[dict[str, Any]]:
     """Table rows, one per step: what it feeds, its counts per device, its intensity and its
     predicted time on ``chip``, whole and per new token."""
-    steps = _items("steps", steps, StepCounts, "costs.step_counts")
+    steps = _items("steps", steps, StepCounts)
     spec = hardware.get_chip(chip)
     rows = []
     for step in steps:
@@ -298,13 +299,11 @@ class Line:
         for name in ("flops", "bytes_read", "comm"):
             pair = getattr(self, name)
             if not isinstance(pair, tuple) or len(pair) != 2:
-                raise checks.InputTypeError(
-                    f"Line.{name} must be a pair (fixed, per sequence), got "
-                    f"{checks.value_text(pair)}.")
-            for part, x in zip(("fixed", "per sequence"), pair, strict=True):
-                checks.real(f"Line.{name} ({part})", x)
+                raise checks.InputTypeError(f"Line.{name} must be a pair (fixed, per sequence),"
+                                            f" got {checks.value_text(pair)}.")
+            for i, x in enumerate(pair):
+                checks.real(f"Line.{name}[{i}]", x)
         checks.real("Line.weight_flops", self.weight_flops, minimum=0)
-        checks.count("Line.devices", self.devices)
 
     @classmethod
     def through(cls, a: StepCounts, b: StepCounts) -> Line:
@@ -336,17 +335,10 @@ class Line:
                                  (self.flops, self.bytes_read, self.comm)))
 
 
-def _line(value: Any) -> Line:
-    if not isinstance(value, Line):
-        raise checks.InputTypeError(
-            f"line must be a Line from costs.Line.through(a, b), got {checks.value_text(value)}.")
-    return value
-
-
 def estimate_at(line: Line, batch: float, chip: str | hardware.Chip) -> roofline.Estimate:
     """The roofline prediction of a decode step of ``batch`` sequences, on the line (bytes as
     bfloat16)."""
-    return roofline.estimate(_line(line).at(checks.real("batch", batch, positive=True)), chip,
+    return roofline.estimate(_one("line", line, Line).at(checks.real("batch", batch, positive=True)), chip,
                              byte_scale=BYTE_SCALE)
 
 
@@ -359,7 +351,7 @@ def critical_batch(line: Line, chip: str | hardware.Chip, *, with_cache: bool = 
     and with it the attention over the cache: only the weight matmuls' FLOPs (2 per weight
     per sequence) against the weights' bytes. That is the batch at which the weights alone are
     worth reading, Part V's critical batch: in bfloat16 (2 bytes per weight), the ridge."""
-    line = _line(line)
+    line = _one("line", line, Line)
     spec = hardware.get_chip(chip)
     ridge = spec.ridge * BYTE_SCALE  # FLOPs per byte as counted (float32, priced bfloat16)
     if checks.flag("with_cache", with_cache):
@@ -386,7 +378,7 @@ def chip_rows(line: Line, step: StepCounts,
     """Per chip (a name, a ``Chip``, or a sequence of them): ms per token at ``step``'s batch,
     the critical batches with and without the cache, and the batch whose cache fits beside
     the weights. ``line`` and ``step`` must be of one layout."""
-    line, step = _line(line), _step("step", step)
+    line, step = _one("line", line, Line), _step("step", step)
     if (line.strategy, line.devices) != (step.strategy, step.devices):
         raise checks.InputError(
             f"line is of {line.strategy} on {line.devices} device(s) and step of "
@@ -479,13 +471,9 @@ def serve_table(cases: Sequence[tuple[str | None, int]], batches: Sequence[int],
     return out
 
 
-def _served(served: Any) -> list[Served]:
-    return _items("served", served, Served, "costs.serve_table")
-
-
 def serve_rows(served: Sequence[Served]) -> list[dict[str, Any]]:
     """Table rows: batch, then per strategy its ms per token and tokens/s per chip."""
-    served = _served(served)
+    served = _items("served", served, Served)
     labels = list(dict.fromkeys(_label(s) for s in served))
     rows = []
     for batch in sorted({s.batch for s in served}):
@@ -507,7 +495,7 @@ def winners(served: Sequence[Served], *, tie: float = 0.01) -> dict[int, dict[st
     """Per batch: the strategies with the lowest latency and those with the most tokens per
     second per chip (all within ``tie``, relative, of the best, joined by " = "), among
     those whose weights and cache fit (batches where none fits are left out)."""
-    served = _served(served)
+    served = _items("served", served, Served)
     tie = checks.real("tie", tie, minimum=0, maximum=1, inclusive_max=False)
     out = {}
     for batch in sorted({s.batch for s in served}):
