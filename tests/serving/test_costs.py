@@ -1,11 +1,13 @@
 """Prefill and decode counted from compiled programs and priced: the counts against the
 model's arithmetic, the line in the batch, critical batches, the memory limit, the
-latency/throughput table and the page's exercise answers."""
+latency/throughput table, the collectives' latency floor, the page's exercise answers, and
+bad input refused by name."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from spmd_guide.core import checks
@@ -29,19 +31,32 @@ def test_decode_counts_are_the_models_arithmetic():
     assert step.table_bytes == 4 * (V + T) * D
     assert step.comm_bytes == 0 and not any(step.collectives.values())
     assert step.new_tokens == 1 and step.local_batch == 1
+    assert step.matmul_params == MATMUL_PARAMS and step.hops == 0
+    assert step.written_bytes == CACHE_PER_SEQ // T  # one position's keys and values
 
 
 def test_prefill_reads_the_same_bytes_for_a_prompt_of_tokens():
     prefill = costs.step_counts("prefill", batch=1)
     decode = costs.step_counts("decode", batch=1)
-    assert prefill.new_tokens == costs.PROMPT_LEN
-    assert prefill.bytes_read - decode.bytes_read == 4 * (costs.PROMPT_LEN - 1)  # tokens
-    assert prefill.flops / decode.flops == pytest.approx(costs.PROMPT_LEN, rel=0.01)
-    h100 = hardware.CHIPS["h100-sxm"]
-    assert prefill.estimate(h100).bound == "compute"
+    P = costs.PROMPT_LEN
+    assert prefill.new_tokens == P
+    assert prefill.bytes_read - decode.bytes_read == 4 * (P - 1)  # tokens
+    # The blocks' matmuls and attention over the whole (masked) cache at every prompt
+    # position; the head at every position or at the last only (the page says which).
+    heads = costs.head_positions(prefill)
+    assert heads in (1, P) and costs.head_positions(decode) == 1
+    blocks = MATMUL_PARAMS - D * V
+    assert prefill.flops == pytest.approx(
+        2 * blocks * P + 2 * D * V * heads + 4 * L * P * T * D, rel=0.01)
+    # What a prefill must move, beside what this one reads: the prompt's keys and values.
+    assert prefill.written_bytes == 2 * L * P * D * 4
+    assert prefill.bytes_read == pytest.approx(prefill.weight_bytes + prefill.cache_bytes,
+                                               abs=4 * P + 8)
+    h100 = hardware.CHIPS["h100-sxm"]  # the page's claims: prefill above its ridge, decode
+    assert prefill.estimate(h100).bound == "compute"  # far below every chip's
+    assert prefill.intensity / costs.BYTE_SCALE > h100.ridge
     assert decode.estimate(h100).bound == "memory"
-    for chip in hardware.CHIPS.values():  # every chip: prefill above its ridge, decode far below
-        assert prefill.intensity / costs.BYTE_SCALE > chip.ridge
+    for chip in hardware.CHIPS.values():
         assert decode.intensity / costs.BYTE_SCALE < chip.ridge / 100
 
 
@@ -54,6 +69,11 @@ def test_tp_splits_weights_cache_and_flops_eight_ways():
     assert tp.flops == pytest.approx(one.flops / 8, rel=0.01)
     assert tp.collectives["all-reduce"] == 2 * L and tp.collectives["all-gather"] == 2
     assert tp.local_batch == 1
+    # A bidirectional ring of 8: an all-gather 4 hops, an all-reduce 8.
+    assert tp.hops == 4 * tp.collectives["all-gather"] + 8 * tp.collectives["all-reduce"]
+    assert costs.collective_latency(tp) == pytest.approx(tp.hops * costs.HOP_S)
+    assert costs.collective_latency(tp, hop_s=0) == 0
+    assert costs.collective_latency(one) == 0
 
 
 def test_fsdp_gathers_the_weights_every_step():
@@ -78,13 +98,13 @@ def test_counts_are_a_line_in_the_batch():
 def test_critical_batches():
     line = costs.Line.through(costs.step_counts("decode", batch=16),
                               costs.step_counts("decode", batch=128))
+    assert line.weight_flops == 2 * MATMUL_PARAMS
     for chip in hardware.CHIPS.values():
         assert math.isinf(costs.critical_batch(line, chip))
+        # Weight matmuls only (2 FLOPs per bf16 weight of 2 bytes per sequence): Part V's
+        # critical batch, the ridge (the norms and the tokens are the 1e-4).
         weights_only = costs.critical_batch(line, chip, with_cache=False)
-        # B flops_per_seq / peak = bf16 weight bytes / bandwidth
-        assert weights_only == pytest.approx(
-            chip.ridge * costs.BYTE_SCALE * line.bytes_read[0] / line.flops[1])
-        assert chip.ridge / 2 < weights_only < chip.ridge
+        assert weights_only == pytest.approx(chip.ridge, rel=1e-4)
     # A short cache leaves room: finite, and above the weights-only batch.
     short = costs.Line.through(costs.step_counts("decode", batch=16, seq_len=16),
                                costs.step_counts("decode", batch=128, seq_len=16))
@@ -138,19 +158,171 @@ def test_phase_rows_and_chip_rows():
     rows = costs.chip_rows(line, decode)
     assert [r["chip"] for r in rows] == list(hardware.CHIPS)
     assert {r["critical batch, with cache"] for r in rows} == {"never"}
+    for r in rows:  # the page: weights only, the critical batch is the ridge on every chip
+        assert r["critical batch, weights only"] == r["ridge FLOP/B"]
+    one = costs.chip_rows(line, decode, chips="h100-sxm")  # one name is one chip
+    assert [r["chip"] for r in one] == ["h100-sxm"]
 
 
-def test_bad_input():
-    with pytest.raises(checks.InputError, match="unknown kind"):
-        costs.step_counts("train", batch=1)
-    with pytest.raises(checks.InputError, match="needs a strategy"):
-        costs.step_counts("decode", batch=8, n_devices=8)
-    with pytest.raises(checks.InputError, match="does not split into 8"):
-        costs.step_counts("decode", batch=4, strategy="dp", n_devices=8)
-    with pytest.raises(checks.InputError, match="prompt_len must be at most"):
-        costs.step_counts("prefill", batch=1, prompt_len=T + 1)
-    with pytest.raises(checks.InputError, match="unknown key"):
-        costs.winners_text({}, "speed")
+def test_roofline_tie_and_the_latency_that_breaks_it():
+    """The page: per chip, tp x8 and one device tie in the roofline at batch 1 on a v5e (an
+    upper bound); the collectives' fixed latency breaks the tie."""
+    one = costs.step_counts("decode", batch=1)
+    tp = costs.step_counts("decode", batch=1, strategy="tp", n_devices=8)
+    t_one, t_tp = (s.estimate("tpu-v5e").step_s for s in (one, tp))
+    assert 1 / t_one == pytest.approx(1 / t_tp / 8, rel=0.01)
+    lag = costs.collective_latency(tp)
+    assert 1 / (t_tp + lag) / 8 < 0.5 / t_one
+
+
+class Steps:
+    """Compiled counts the bad calls are given (cached across tests)."""
+
+    @property
+    def decode(self):
+        return costs.step_counts("decode", batch=1)
+
+    @property
+    def line(self):
+        return costs.Line.through(costs.step_counts("decode", batch=16),
+                                  costs.step_counts("decode", batch=128))
+
+    @property
+    def small(self):  # another model: cheap to compile
+        return costs.step_counts("decode", batch=2, seq_len=16)
+
+    @property
+    def small_prefill(self):
+        return costs.step_counts("prefill", batch=1, prompt_len=4, seq_len=16)
+
+    @property
+    def tp(self):
+        return costs.step_counts("decode", batch=1, strategy="tp", n_devices=8)
+
+    @property
+    def served(self):
+        return costs.Served("one device", 1, 1, self.decode.estimate("h100-sxm"), True)
+
+
+BAD = {  # call -> what the error must say (the argument, or the rule it broke)
+    "kind": (lambda s: costs.step_counts("train", batch=1), "unknown kind 'train'"),
+    "batch 0": (lambda s: costs.step_counts("decode", batch=0), "batch must be at least 1"),
+    "batch float": (lambda s: costs.step_counts("decode", batch=1.5), "batch must be an integer"),
+    "strategy unknown": (lambda s: costs.step_counts("decode", batch=1, strategy="zz"),
+                         "unknown strategy 'zz'"),
+    "strategy not served": (lambda s: costs.step_counts("decode", batch=1, strategy="cp",
+                                                        n_devices=8), "unknown strategy 'cp'"),
+    "strategy not a name": (lambda s: costs.step_counts("decode", batch=1, strategy=3),
+                            "unknown strategy 3"),
+    "devices without strategy": (lambda s: costs.step_counts("decode", batch=8, n_devices=8),
+                                 "n_devices=8 needs a strategy"),
+    "devices 0": (lambda s: costs.step_counts("decode", batch=1, strategy="tp", n_devices=0),
+                  "n_devices must be at least 1"),
+    "devices too many": (lambda s: costs.step_counts("decode", batch=1, strategy="tp",
+                                                     n_devices=16), "n_devices must be at most 8"),
+    "batch does not split": (lambda s: costs.step_counts("decode", batch=4, strategy="dp",
+                                                         n_devices=8), "does not split into 8"),
+    "decode prompt_len": (lambda s: costs.step_counts("decode", batch=1, prompt_len=-5),
+                          "prompt_len=-5 is for a prefill"),
+    "prefill prompt_len 0": (lambda s: costs.step_counts("prefill", batch=1, prompt_len=0),
+                             "prompt_len must be at least 1"),
+    "prefill prompt_len long": (lambda s: costs.step_counts("prefill", batch=1, prompt_len=T + 1),
+                                "prompt_len must be at most"),
+    "prefill prompt_len str": (lambda s: costs.step_counts("prefill", batch=1, prompt_len="8"),
+                               "prompt_len must be an integer"),
+    "unknown size": (lambda s: costs.step_counts("decode", batch=1, bogus=3),
+                     r"unknown transformer size\(s\) \['bogus'\]"),
+    "size 0": (lambda s: costs.step_counts("decode", batch=1, d_model=0),
+               "d_model must be at least 1"),
+    "size float": (lambda s: costs.step_counts("decode", batch=1, d_ff=1.5),
+                   "d_ff must be an integer"),
+    "phase_rows empty": (lambda s: costs.phase_rows([]), "steps is empty"),
+    "phase_rows str": (lambda s: costs.phase_rows("decode"), "steps must be a list"),
+    "phase_rows item": (lambda s: costs.phase_rows([None]), r"steps\[0\] must be a StepCounts"),
+    "phase_rows chip": (lambda s: costs.phase_rows([s.decode], "h100"), "unknown chip 'h100'"),
+    "phase_rows chip type": (lambda s: costs.phase_rows([s.decode], 5), "chip must be a key"),
+    "line same batch": (lambda s: costs.Line.through(s.decode, s.decode), "two different batch"),
+    "line prefill": (lambda s: costs.Line.through(s.small, s.small_prefill),
+                     "b is a prefill step"),
+    "line two models": (lambda s: costs.Line.through(s.decode, s.small), "differ in config"),
+    "line not steps": (lambda s: costs.Line.through(None, s.decode), "a must be a StepCounts"),
+    "line made by hand": (lambda s: costs.Line((1.0,), (1.0, 2.0), (0.0, 0.0), 1.0),
+                          "Line.flops must be a pair"),
+    "line at": (lambda s: s.line.at(-1), "batch must be at least 0"),
+    "estimate_at line": (lambda s: costs.estimate_at(None, 1, "h100-sxm"), "line must be a Line"),
+    "estimate_at batch": (lambda s: costs.estimate_at(s.line, 0, "h100-sxm"),
+                          "batch must be positive"),
+    "estimate_at chip": (lambda s: costs.estimate_at(s.line, 1, "x"), "unknown chip 'x'"),
+    "critical with_cache": (lambda s: costs.critical_batch(s.line, "h100-sxm", with_cache="no"),
+                            "with_cache must be True or False"),
+    "critical chip": (lambda s: costs.critical_batch(s.line, "zz"), "unknown chip 'zz'"),
+    "critical line": (lambda s: costs.critical_batch("line", "h100-sxm"), "line must be a Line"),
+    "max_batch step": (lambda s: costs.max_batch(s.line, "h100-sxm"), "step must be a StepCounts"),
+    "max_batch chip": (lambda s: costs.max_batch(s.decode, None), "chip must be a key"),
+    "chip_rows unknown": (lambda s: costs.chip_rows(s.line, s.decode, chips="h"),
+                          "unknown chips 'h'"),
+    "chip_rows empty": (lambda s: costs.chip_rows(s.line, s.decode, chips=[]), "chips is empty"),
+    "chip_rows item": (lambda s: costs.chip_rows(s.line, s.decode, chips=["h100-sxm", 3]),
+                       "an entry of chips must be"),
+    "chip_rows layouts": (lambda s: costs.chip_rows(s.line, s.tp), "of one layout"),
+    "latency hop_s": (lambda s: costs.collective_latency(s.decode, hop_s=-1),
+                      "hop_s must be at least 0"),
+    "latency nan": (lambda s: costs.collective_latency(s.decode, hop_s=float("nan")),
+                    "hop_s must be a finite"),
+    "latency step": (lambda s: costs.collective_latency("decode"), "step must be a StepCounts"),
+    "head_positions": (lambda s: costs.head_positions(None), "step must be a StepCounts"),
+    "serve devices 0": (lambda s: costs.serve_table([("tp", 0)], [1]),
+                        r"cases\[0\]: n_devices must be at least 1"),
+    "serve devices 16": (lambda s: costs.serve_table([("tp", 16)], [1]),
+                         r"cases\[0\]: n_devices must be at most 8"),
+    "serve strategy": (lambda s: costs.serve_table([("zz", 8)], [8]),
+                       r"cases\[0\]: unknown strategy 'zz'"),
+    "serve no strategy": (lambda s: costs.serve_table([(None, 2)], [8]), "needs a strategy"),
+    "serve splits none": (lambda s: costs.serve_table([("dp", 8)], [1, 4]),
+                          r"none of batches \(1, 4\) is a multiple of 8"),
+    "serve cases str": (lambda s: costs.serve_table("tp", [1]), "cases must be a list"),
+    "serve cases empty": (lambda s: costs.serve_table([], [1]), "cases is empty"),
+    "serve case short": (lambda s: costs.serve_table([("tp",)], [1]), r"cases\[0\] must be a"),
+    "serve case repeated": (lambda s: costs.serve_table([("tp", 8), ("tp", 8)], [8]),
+                            r"cases\[1\] \('tp', 8\) is repeated"),
+    "serve batches empty": (lambda s: costs.serve_table([("tp", 8)], []), "batches needs at"),
+    "serve batch 0": (lambda s: costs.serve_table([("tp", 8)], [0]),
+                      r"batches\[0\] must be at least 1"),
+    "serve batches int": (lambda s: costs.serve_table([("tp", 8)], 8), "batches must be a"),
+    "serve chip": (lambda s: costs.serve_table([("tp", 8)], [8], chip="h100"),
+                   "unknown chip 'h100'"),
+    "serve_rows empty": (lambda s: costs.serve_rows([]), "served is empty"),
+    "serve_rows item": (lambda s: costs.serve_rows([1]), r"served\[0\] must be a Served"),
+    "winners empty": (lambda s: costs.winners([]), "served is empty"),
+    "winners tie": (lambda s: costs.winners([s.served], tie=-0.1), "tie must be at least 0"),
+    "winners tie 1": (lambda s: costs.winners([s.served], tie=1), "tie must be below 1"),
+    "winners_text key": (lambda s: costs.winners_text({}, "speed"), "unknown key 'speed'"),
+    "winners_text empty": (lambda s: costs.winners_text({}, "latency"), "best is empty"),
+    "winners_text type": (lambda s: costs.winners_text([1], "latency"), "best must be the dict"),
+    "winners_text row": (lambda s: costs.winners_text({1: {"throughput": "a"}}, "latency"),
+                         r"best\[1\] must map 'latency'"),
+    "winners_text batch": (lambda s: costs.winners_text({0: {"latency": "a"}}, "latency"),
+                           "a batch of best must be at least 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_by_name(case):
+    call, message = BAD[case]
+    with pytest.raises(checks.InputError, match=message):
+        call(Steps())
+
+
+def test_valid_edge_cases():
+    """NumPy sizes, a Chip for a name, one chip name for chips; the same answers."""
+    decode = costs.step_counts("decode", batch=np.int64(1), d_model=np.int32(1024))
+    assert decode is costs.step_counts("decode", batch=1)
+    prefill = costs.step_counts("prefill", batch=1, prompt_len=4, seq_len=16)
+    assert prefill.new_tokens == 4 and prefill.written_bytes == 2 * L * 4 * D * 4
+    h100 = hardware.CHIPS["h100-sxm"]
+    assert costs.phase_rows([decode], h100) == costs.phase_rows([decode], "h100-sxm")
+    assert costs.max_batch(decode, h100) == costs.max_batch(decode, "h100-sxm")
+    assert costs.winners([Steps().served], tie=0)[1]["latency"] == "one device"
 
 
 def test_exercise_answers_prefill_decode():
