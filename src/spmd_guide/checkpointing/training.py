@@ -40,6 +40,9 @@ EXAMPLES = 256
 LEARNING_RATE = 3e-3
 #: The integers that say where the data stands (saved as int32 scalars).
 DATA_FIELDS = ("seed", "epoch", "position", "batch", "examples")
+#: The largest value an int32 data field holds: seed, batch and examples are checked
+#: against it before training, so the save at the end cannot fail.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -207,18 +210,24 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
     state and data position), laid out for the strategy and device count given now.
     ``examples`` is the size of the dataset (an epoch; a last partial batch is dropped).
     """
-    steps = checks.count("steps", steps)
-    seed = checks.count("seed", seed, minimum=0)
-    examples = checks.count("examples", examples)
+    steps = checks.count("steps", steps, maximum=INT32_MAX)
+    seed = checks.count("seed", seed, minimum=0, maximum=INT32_MAX)  # saved as int32
+    examples = checks.count("examples", examples, maximum=INT32_MAX)
     resume = checks.flag("resume", resume)
     if save_every is not None:
         save_every = checks.count("save_every", save_every)
     config, name, n_devices, batch = _check_run(config, strategy, n_devices, batch)
+    if batch > examples:
+        raise checks.InputError(
+            f"batch={batch} is more than examples={examples}: an epoch would hold no full "
+            f"batch. Use a batch of at most {examples}, or more examples.")
     if checkpoint_dir is None:
         if resume or save_every is not None:
             raise checks.InputError(
                 f"{'resume=True' if resume else 'save_every'} needs a checkpoint_dir.")
     else:
+        checkpoint_dir = checkpoint._directory(checkpoint_dir, must_exist=False,
+                                               name="checkpoint_dir")
         done = checkpoint.steps(checkpoint_dir)
         if done and not resume:
             raise checks.InputError(
@@ -273,13 +282,16 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
 
 def max_abs_difference(a: Sequence[float], b: Sequence[float]) -> float:
     """The largest ``|a[i] - b[i]|`` of two loss curves of the same length (finite
-    numbers: a NaN loss is refused, as it would hide any difference)."""
+    numbers: a NaN loss is refused, as it would hide any difference). Two empty curves are
+    refused too: they have no difference to measure, and 0.0 would read as "identical"."""
     a = [checks.real(f"a[{i}]", x) for i, x in enumerate(_curve("a", a))]
     b = [checks.real(f"b[{i}]", x) for i, x in enumerate(_curve("b", b))]
     if len(a) != len(b):
         raise checks.InputError(f"the curves have {len(a)} and {len(b)} points; compare "
                                 f"curves of the same length.")
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if not a:
+        raise checks.InputError("a and b are empty: there is no loss to compare.")
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def _curve(name: str, values: Any) -> list[Any]:
