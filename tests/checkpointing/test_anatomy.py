@@ -224,3 +224,53 @@ def test_explicit_axes_work_like_auto_axes(saved):
     assert anatomy.layouts(explicit) == anatomy.layouts(auto)
     arrays = checkpoint.restore(saved, like=explicit)
     assert anatomy.write_plan(arrays) == anatomy.write_plan(_state())
+
+
+def test_planning_refuses_a_like_that_restore_refuses(saved):
+    """read_plan and read_summary share restore's check: each like restore refuses, they
+    refuse with restore's own message."""
+    like = checkpoint.saved_layout(saved)
+    wq = like["params"]["blocks"][0]["wq"]
+    with_wq = lambda leaf: {**like, "params": {**like["params"], "blocks": [  # noqa: E731
+        {**like["params"]["blocks"][0], "wq": leaf}]}}
+    bad = {
+        "shape": with_wq(jax.ShapeDtypeStruct((32, 4, 4), wq.dtype, sharding=wq.sharding)),
+        "dtype": with_wq(jax.ShapeDtypeStruct(wq.shape, np.int32, sharding=wq.sharding)),
+        "missing": {"params": like["params"]},
+        "extra": {**like, "q": wq},
+        "no layout": with_wq(jax.ShapeDtypeStruct(wq.shape, wq.dtype)),
+    }
+    for name, tree in bad.items():
+        with pytest.raises(InputError) as restored:
+            checkpoint.restore(saved, like=tree)
+        for plan in (anatomy.read_plan, anatomy.read_summary):
+            with pytest.raises(type(restored.value)) as planned:
+                plan(saved, like=tree)
+            assert str(planned.value) == str(restored.value), name
+
+
+def test_strings_are_not_names_or_flags():
+    state = _state()
+    with pytest.raises(InputTypeError, match="names must be a list"):
+        anatomy.layouts(state, names="wb")
+    with pytest.raises(InputError, match="leaf name"):
+        anatomy.layouts(state, names=["params.embed", "wb"])
+    x = state["params"]["embed"]
+    for bad in ("no", "false", 0, 1):
+        with pytest.raises(InputTypeError, match="replica_parallel"):
+            anatomy.write_plan(state, replica_parallel=bad)
+        with pytest.raises(InputTypeError, match="replica_parallel"):
+            anatomy.written_pieces(x, replica_parallel=bad)
+
+
+def test_typed_keys_are_planned_as_the_key_data_orbax_stores(tmp_path):
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    keys = jax.device_put(jax.random.split(jax.random.key(1), 8), NamedSharding(mesh, P("a")))
+    state = {"keys": keys, "key": jax.random.key(0)}
+    assert anatomy.state_bytes(state) == 8 * 2 * 4 + 2 * 4
+    rows = anatomy.write_plan(state)
+    assert sum(r["bytes written"] for r in rows) == anatomy.state_bytes(state)
+    assert anatomy.layouts(state, names=["keys"])[0]["piece"] == (2,)
+    checkpoint.save(tmp_path, state, step=0)
+    summary = anatomy.read_summary(tmp_path, like=state)
+    assert summary["chunk bytes read"] == summary["state bytes"] == anatomy.state_bytes(state)
