@@ -5,10 +5,14 @@ once, by the process that owns a device holding it; when several devices hold co
 piece, the copies split the writing between them (Orbax's *replica-parallel* save, its
 default except on GPU: each copy writes ``1/r`` of the piece along its first dimension that
 ``r`` divides). Every piece a process writes goes into that process's own key-value store
-(``ocdbt.process_<i>/``, OCDBT), as one zstd-compressed zarr chunk; at the commit the stores
+(``ocdbt.process_<i>/``, OCDBT), as one zstd-compressed zarr chunk (a piece larger than
+OCDBT's target data-file size, 2 GiB locally and 400 MiB on GCS, is cut into chunks of at most
+that size: ``orbax/checkpoint/_src/serialization/tensorstore_utils.py``,
+``calculate_chunk_byte_size``, then ``arrays/subchunking.choose_chunk_shape``); at the commit the stores
 are merged under one index. A restore in another layout reads, for each distinct slice the
 new layout asks for, the saved chunks that slice overlaps: whole chunks, since a compressed
-chunk is decoded whole.
+chunk is decoded whole (an upper bound in one process, where TensorStore reads a chunk that
+several slices share once; :func:`file_bytes_read` measures it).
 
 These functions compute each of those facts from the arrays, the files and the metadata, so
 the pages can print them and the tests can pin them against Orbax.
@@ -25,13 +29,18 @@ from typing import Any
 
 import jax
 import numpy as np
+import tensorstore as ts
 
 from spmd_guide.checkpointing import checkpoint
 from spmd_guide.core import checks
 from spmd_guide.rooflines.hardware import Chip, get_chip
 
-__all__ = ["bytes_per_device", "files", "fits", "layouts", "listing", "read_plan",
-           "read_summary", "state_bytes", "write_plan", "written_pieces"]
+__all__ = ["FILE_BYTES_READ", "bytes_per_device", "file_bytes_read", "files", "fits", "layouts",
+           "listing", "read_plan", "read_summary", "state_bytes", "write_plan",
+           "written_pieces"]
+
+#: TensorStore's counter of the bytes its file key-value store has read, in this process.
+FILE_BYTES_READ = "/tensorstore/kvstore/file/bytes_read"
 
 
 def _index_bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tuple[int, int],
@@ -287,9 +296,13 @@ def read_plan(directory: Any, *, like: Any, step: int | None = None) -> list[dic
 
 
 def read_summary(directory: Any, *, like: Any, step: int | None = None) -> dict[str, int]:
-    """What a restore into ``like`` reads in all: a slice held by several devices is read
-    once and copied to each (Orbax reads per distinct slice). ``chunk bytes`` over ``state
-    bytes`` is the read amplification of cutting the saved chunks another way."""
+    """What a restore into ``like`` reads in all, if each distinct slice reads its chunks on
+    its own: a slice held by several devices is read once and copied to each (Orbax reads
+    per distinct slice). ``chunk bytes read`` over ``state bytes`` is the read amplification
+    of cutting the saved chunks another way. It is an upper bound, reached when the slices
+    are read by different processes: within one process, Orbax issues all the slice reads
+    of an array at once and TensorStore shares the chunks they have in common
+    (:func:`file_bytes_read` measures what one process reads)."""
     target = checkpoint.restore_target(directory, like=like, step=step)
     slices = chunks = chunk_bytes = placed = 0
     for name, x in _laid_out("like", target.like):
@@ -309,3 +322,19 @@ def read_summary(directory: Any, *, like: Any, step: int | None = None) -> dict[
     return {"devices": len(bytes_per_device(target.like)), "slices read": slices,
             "chunks read": chunks, "chunk bytes read": chunk_bytes,
             "bytes placed on devices": placed, "state bytes": state_bytes(target.like)}
+
+
+def _counter() -> int:
+    found = ts.experimental_collect_matching_metrics(FILE_BYTES_READ, include_zero_metrics=True)
+    return sum(int(v.get("value", 0)) for m in found if m["name"] == FILE_BYTES_READ
+               for v in m["values"])
+
+
+def file_bytes_read(directory: Any, *, like: Any, step: int | None = None) -> int:
+    """Restore ``step`` (default: the latest) into ``like`` and return the bytes TensorStore
+    read from files meanwhile: its process-wide counter :data:`FILE_BYTES_READ` before and
+    after (compressed data, the index and the metadata TensorStore reads; a save or restore
+    running at the same time in this process would be counted too)."""
+    before = _counter()
+    checkpoint.restore(directory, like=like, step=step)
+    return _counter() - before
