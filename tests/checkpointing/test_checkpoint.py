@@ -4,17 +4,14 @@ with nothing on disk changed."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import pathlib
 import shutil
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from helpers import DEVICES, mesh_of, run_python
 from jax.sharding import NamedSharding
@@ -272,77 +269,8 @@ def test_python_and_numpy_scalars_are_saved_as_jax_would_type_them(tmp_path):
         "a": np.dtype(np.int32), "b": np.dtype(np.float32), "c": np.dtype(np.float32)}
 
 
-# ---------------------------------------------------------------------------- names
-
-class _Moments(NamedTuple):
-    mu: Any
-    nu: Any
-
-
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=[])
-@dataclasses.dataclass
-class _Node:
-    w: Any
-
-
 def _x(n=4):
     return np.arange(float(n), dtype=np.float32)
-
-
-#: Each pair of paths Orbax would name alike: one key with a dot, one nested path.
-COLLISIONS = [
-    ({"a.b": _x(), "a": {"b": _x() + 1}}, "a.b"),
-    ({"a.0": _x(), "a": [_x() + 1]}, "a.0"),
-    ({"a.1": _x(), "a": (_x(), _x() + 1)}, "a.1"),
-    ({"m.mu": _x(), "m": _Moments(_x(), _x())}, "m.mu"),
-    ({"n.w": _x(), "n": _Node(_x())}, "n.w"),
-    ({"o.0.count": np.int32(0), "o": optax.adam(1e-3).init({"w": _x()})}, "o.0.count"),
-    ({"d.1": _x(), "d": {1: _x()}}, "d.1"),
-]
-
-
-@pytest.mark.parametrize(("state", "name"), COLLISIONS)
-def test_leaves_that_orbax_would_name_alike_are_refused_everywhere(tmp_path, state, name):
-    target = tmp_path / "new"
-    with pytest.raises(InputError, match="one name") as info:
-        checkpoint.save(target, state, step=1)
-    assert repr(name) in str(info.value) and str(info.value).count("[") >= 2  # both paths
-    assert not target.exists()
-    placed = jax.tree.map(lambda x: jax.device_put(x), state)
-    for call in (lambda: checkpoint.start_save(target, placed, step=1),
-                 lambda: anatomy.write_plan(placed), lambda: anatomy.state_bytes(placed),
-                 lambda: anatomy.layouts(placed), lambda: anatomy.bytes_per_device(placed)):
-        with pytest.raises(InputError, match="one name"):
-            call()
-    assert not target.exists()
-
-
-def test_keys_that_hold_dots_or_cannot_be_named_are_refused(saved, tmp_path):
-    directory, state = saved
-    target = tmp_path / "new"
-    with pytest.raises(InputError, match="holds a dot") as info:
-        checkpoint.save(target, {"lr.max": _x()}, step=1)
-    assert "'lr_max'" in str(info.value)
-    with pytest.raises(InputTypeError, match="can flatten"):  # JAX cannot sort the keys
-        checkpoint.save(target, {1: _x(), "b": _x()}, step=1)
-    assert not target.exists()
-    like = _like(state, "dp", 1)
-    dotted = dict(like, **{"step.x": like["step"]})
-    _unchanged(directory, lambda: checkpoint.restore(directory, like=dotted), InputError,
-               ["like", "holds a dot"])
-
-
-def test_every_pytree_kind_round_trips(tmp_path):
-    state = {"l": [_x(), _x(2)], "t": (_x(3),), "m": _Moments(_x(), _x() + 1),
-             "n": _Node(_x(5)), "o": optax.adam(1e-3).init({"w": _x()}), "s": 3}
-    checkpoint.save(tmp_path, state, step=0)
-    sharding = NamedSharding(mesh_of(2), P())
-    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype,
-                                                       sharding=sharding), state)
-    back = checkpoint.restore(tmp_path, like=like)
-    assert jax.tree.structure(back) == jax.tree.structure(state)
-    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True):
-        np.testing.assert_array_equal(a, b)
 
 
 def test_a_python_int_that_int32_cannot_hold_is_refused(tmp_path):

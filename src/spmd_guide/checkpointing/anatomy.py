@@ -32,6 +32,7 @@ import numpy as np
 import tensorstore as ts
 
 from spmd_guide.checkpointing import checkpoint
+from spmd_guide.checkpointing.names import is_key, leaf_name, named_leaves, physical
 from spmd_guide.core import checks
 from spmd_guide.rooflines.hardware import Chip, get_chip
 
@@ -52,26 +53,26 @@ def _index_bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[tup
 def _arrays(name: str, tree: Any) -> list[tuple[str, jax.Array]]:
     """The arrays of ``tree`` by the names Orbax would save them under (refused as a save
     refuses them: names that collide); typed PRNG keys as the key data Orbax writes."""
-    leaves = checkpoint._leaves(name, tree)
+    leaves = named_leaves(name, tree)
     if not leaves:
         raise checks.InputError(f"{name} must hold at least one array.")
     for path, x in leaves:
         if not isinstance(x, jax.Array):
             raise checks.InputTypeError(
-                f"{name} leaf {checkpoint._name(path)!r} must be a jax.Array (placed on "
+                f"{name} leaf {leaf_name(path)!r} must be a jax.Array (placed on "
                 f"devices), got {checks.value_text(x)}.")
-    return [(checkpoint._name(path), _stored(x)) for path, x in leaves]
+    return [(leaf_name(path), _stored(x)) for path, x in leaves]
 
 
 def _stored(x: jax.Array) -> jax.Array:
-    return jax.random.key_data(x) if checkpoint.is_key(x) else x
+    return jax.random.key_data(x) if is_key(x) else x
 
 
 def _laid_out(name: str, tree: Any, *, stored: bool = True) -> list[tuple[str, Any]]:
     """Leaves that say a layout: arrays, or ShapeDtypeStructs with a sharding (refused as
     :func:`~spmd_guide.checkpointing.checkpoint.restore` refuses a ``like``). With
     ``stored``, typed PRNG keys are the key data Orbax stores (uint32, a trailing axis)."""
-    return [(checkpoint._name(p), checkpoint.physical(x) if stored else x)
+    return [(leaf_name(p), physical(x) if stored else x)
             for p, x in jax.tree_util.tree_leaves_with_path(
                 checkpoint.abstract(tree, name=name))]
 

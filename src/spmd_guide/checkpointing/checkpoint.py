@@ -46,6 +46,9 @@ from etils import epath
 from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.metadata import array_metadata, array_metadata_store
 
+from spmd_guide.checkpointing.names import is_key, physical
+from spmd_guide.checkpointing.names import leaf_name as _name
+from spmd_guide.checkpointing.names import named_leaves as _leaves
 from spmd_guide.core import checks
 
 __all__ = ["DamagedCheckpointError", "PendingSave", "RestoreTarget", "SavedArray", "latest_step",
@@ -90,69 +93,6 @@ def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> 
 
 def _step(step: Any) -> int:
     return checks.count("step", step, minimum=0)
-
-
-def _name(path: tuple[Any, ...]) -> str:
-    """A leaf's name as Orbax writes it: its keys joined by dots (``params.blocks.0.wq``)."""
-    try:
-        return ".".join(ocp.tree.str_keypath(path))
-    except ValueError:  # a key type Orbax cannot name
-        return jax.tree_util.keystr(path)
-
-
-def _leaves(name: str, tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
-    """The ``(path, leaf)`` pairs of ``tree``, refused unless every leaf has a name of its
-    own: no key that holds a dot (Orbax joins keys with dots, so ``{'a.b': x}`` and
-    ``{'a': {'b': x}}`` are both ``a.b``), and no two paths that give one name."""
-    try:
-        pairs = jax.tree_util.tree_leaves_with_path(tree)
-    except (TypeError, ValueError) as error:  # e.g. dict keys of mixed types
-        raise checks.InputTypeError(
-            f"{name} is not a pytree JAX can flatten: {error}") from None
-    seen: dict[str, tuple[Any, ...]] = {}
-    for path, _ in pairs:
-        leaf_name = _name(path)
-        if leaf_name in seen:
-            raise checks.InputError(
-                f"{name} has two leaves that Orbax would save under the one name "
-                f"{leaf_name!r}: {jax.tree_util.keystr(seen[leaf_name])} and "
-                f"{jax.tree_util.keystr(path)}; one would overwrite the other. Rename a key.")
-        seen[leaf_name] = path
-    for path, _ in pairs:
-        for key in path:
-            try:
-                text = str(ocp.tree.str_keypath((key,))[0])
-            except ValueError:
-                raise checks.InputTypeError(
-                    f"{name} has a node at {jax.tree_util.keystr(path)} whose key {key!r} "
-                    f"Orbax cannot name; use dicts, lists, tuples, named tuples or "
-                    f"dataclasses.") from None
-            if "." in text:
-                raise checks.InputError(
-                    f"{name} has the key {text!r} (at {jax.tree_util.keystr(path)}), which "
-                    f"holds a dot: Orbax names each array by its keys joined with dots, so "
-                    f"the name {_name(path)!r} would also be that of a nested path. Rename "
-                    f"the key (e.g. {text.replace('.', '_')!r}).")
-    return pairs
-
-
-def is_key(x: Any) -> bool:
-    """Whether ``x`` (an array or a ``ShapeDtypeStruct``) is a typed PRNG key."""
-    return jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key)
-
-
-def physical(x: Any) -> Any:
-    """What Orbax stores for a leaf: a typed PRNG key as its key data (``uint32`` with the
-    impl's trailing dimensions, the sharding's spec extended by ``None``, as Orbax's
-    ``_physical_read_spec`` does), any other leaf as itself."""
-    if not is_key(x):
-        return x
-    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
-    sharding = getattr(x, "sharding", None)
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(
-            *sharding.spec, *[None] * (data.ndim - len(sharding.spec))))
-    return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
 
 
 def _state_leaves(state: Any) -> Any:
@@ -245,7 +185,12 @@ class PendingSave:
                 manager.wait_until_finished()
             finally:
                 manager.close()
+                _IN_FLIGHT.discard(self.path)
         return self.path
+
+
+#: The step directories this process is writing now (started, not yet waited for).
+_IN_FLIGHT: set[pathlib.Path] = set()
 
 
 def start_save(directory: Any, state: Any, *, step: int) -> PendingSave:
@@ -263,6 +208,10 @@ def start_save(directory: Any, state: Any, *, step: int) -> PendingSave:
         raise checks.InputError(
             f"step {step} is already saved in {str(path)!r}; a complete step is never "
             f"overwritten: save a later step, or delete {str(path / str(step))!r} first.")
+    if path / str(step) in _IN_FLIGHT:
+        raise checks.InputError(
+            f"step {step} of {str(path)!r} is being written by a save this process started; "
+            f"wait() for it before saving that step again.")
     if (path / str(step)).exists():
         raise checks.InputError(
             f"{str(path / str(step))!r} exists but is not a complete step (it has no "
@@ -280,6 +229,7 @@ def start_save(directory: Any, state: Any, *, step: int) -> PendingSave:
     except BaseException:
         manager.close()
         raise
+    _IN_FLIGHT.add(path / str(step))
     return PendingSave(step=step, path=path / str(step), _manager=manager)
 
 

@@ -80,7 +80,7 @@ def _check_run(config: Any, strategy: Any, n_devices: Any, batch: Any
     config = _check_config(config)
     name = checks.one_of("strategy", strategy, transformer.STRATEGIES)
     n_devices = checks.count("n_devices", n_devices, maximum=len(jax.devices()))
-    batch = checks.count("batch", batch)
+    batch = checks.count("batch", batch, maximum=INT32_MAX)  # saved as int32
     strategy_, mesh, _ = _layout(config, name, n_devices)
     checks.spec_fits("a batch of tokens", (batch, config.seq_len + 1), strategy_.token_spec(),
                      mesh)
@@ -229,6 +229,12 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
         checkpoint_dir = checkpoint._directory(checkpoint_dir, must_exist=False,
                                                name="checkpoint_dir")
         done = checkpoint.steps(checkpoint_dir)
+        half = [n for n in checkpoint._unfinished(checkpoint_dir) if n.isdigit()]
+        if half:
+            raise checks.InputError(
+                f"checkpoint_dir {str(checkpoint_dir)!r} holds step directories that are not "
+                f"complete ({half}: no {checkpoint.COMMIT_MARKER}), which a save of that step "
+                f"could not replace; delete them first.")
         if done and not resume:
             raise checks.InputError(
                 f"checkpoint_dir {str(checkpoint_dir)!r} already holds steps {done}: pass "
@@ -298,7 +304,10 @@ def _curve(name: str, values: Any) -> list[Any]:
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, (Sequence, np.ndarray)):
         raise checks.InputTypeError(
             f"{name} must be a sequence of losses such as [2.7, 2.5], got {checks.value_text(values)}.")
-    return list(np.ravel(values)) if isinstance(values, np.ndarray) else list(values)
+    if isinstance(values, np.ndarray) and values.ndim != 1:
+        raise checks.InputError(
+            f"{name} must be one curve (1-D), got an array of shape {values.shape}.")
+    return list(values)
 
 
 def steps_per_epoch(*, batch: int, examples: int = EXAMPLES) -> int:
