@@ -97,9 +97,10 @@ def test_files_add_up_to_the_directory(saved):
     # at least a quarter of the state
     assert roles["data written by process 0"]["bytes"] > anatomy.state_bytes(_state()) // 4
     with pytest.raises(InputError, match="not a saved step"):
-        empty = saved / "empty"
+        empty = saved / "7"
         empty.mkdir(exist_ok=True)
         anatomy.files(empty)
+    empty.rmdir()
 
 
 def test_reading_back_the_saved_layout_reads_each_chunk_once(saved):
@@ -116,9 +117,12 @@ def _on_one_device(like):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), like)
 
 
-def test_cutting_saved_chunks_another_way_reads_whole_chunks(saved):
+def test_cutting_saved_chunks_another_way_reads_whole_chunks(tmp_path):
     # wq (16, 4, 4) was saved P('data', 'model') on a 4 x 2 mesh: chunks (4, 2, 4). tp on 4
     # devices wants one head each, (16, 1, 4): four chunks of 32 values for 64 values kept.
+    saved = tmp_path
+    checkpoint.save(saved, {"params": {"blocks": [
+        {"wq": _state()["params"]["blocks"][0]["wq"]}]}}, step=1)
     like = checkpoint.saved_layout(saved)
     mesh = transformer.STRATEGIES["tp"].mesh(DEVICES[:4])
     wq = jax.ShapeDtypeStruct((16, 4, 4), np.float32,
@@ -220,3 +224,73 @@ def test_explicit_axes_work_like_auto_axes(saved):
     assert anatomy.layouts(explicit) == anatomy.layouts(auto)
     arrays = checkpoint.restore(saved, like=explicit)
     assert anatomy.write_plan(arrays) == anatomy.write_plan(_state())
+
+
+def test_planning_refuses_a_like_that_restore_refuses(saved):
+    """read_plan and read_summary share restore's check: each like restore refuses, they
+    refuse with restore's own message."""
+    like = checkpoint.saved_layout(saved)
+    wq = like["params"]["blocks"][0]["wq"]
+    with_wq = lambda leaf: {**like, "params": {**like["params"], "blocks": [  # noqa: E731
+        {**like["params"]["blocks"][0], "wq": leaf}]}}
+    bad = {
+        "shape": with_wq(jax.ShapeDtypeStruct((32, 4, 4), wq.dtype, sharding=wq.sharding)),
+        "dtype": with_wq(jax.ShapeDtypeStruct(wq.shape, np.int32, sharding=wq.sharding)),
+        "missing": {"params": like["params"]},
+        "extra": {**like, "q": wq},
+        "no layout": with_wq(jax.ShapeDtypeStruct(wq.shape, wq.dtype)),
+    }
+    for name, tree in bad.items():
+        with pytest.raises(InputError) as restored:
+            checkpoint.restore(saved, like=tree)
+        for plan in (anatomy.read_plan, anatomy.read_summary):
+            with pytest.raises(type(restored.value)) as planned:
+                plan(saved, like=tree)
+            assert str(planned.value) == str(restored.value), name
+
+
+def test_strings_are_not_names_or_flags():
+    state = _state()
+    with pytest.raises(InputTypeError, match="names must be a list"):
+        anatomy.layouts(state, names="wb")
+    with pytest.raises(InputError, match="leaf name"):
+        anatomy.layouts(state, names=["params.embed", "wb"])
+    x = state["params"]["embed"]
+    for bad in ("no", "false", 0, 1):
+        with pytest.raises(InputTypeError, match="replica_parallel"):
+            anatomy.write_plan(state, replica_parallel=bad)
+        with pytest.raises(InputTypeError, match="replica_parallel"):
+            anatomy.written_pieces(x, replica_parallel=bad)
+
+
+def test_typed_keys_are_planned_as_the_key_data_orbax_stores(tmp_path):
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    keys = jax.device_put(jax.random.split(jax.random.key(1), 8), NamedSharding(mesh, P("a")))
+    state = {"keys": keys, "key": jax.random.key(0)}
+    assert anatomy.state_bytes(state) == 8 * 2 * 4 + 2 * 4
+    rows = anatomy.write_plan(state)
+    assert sum(r["bytes written"] for r in rows) == anatomy.state_bytes(state)
+    assert anatomy.layouts(state, names=["keys"])[0]["piece"] == (2,)
+    checkpoint.save(tmp_path, state, step=0)
+    summary = anatomy.read_summary(tmp_path, like=state)
+    assert summary["chunk bytes read"] == summary["state bytes"] == anatomy.state_bytes(state)
+
+
+@pytest.mark.slow
+def test_one_process_reads_shared_chunks_once(tmp_path):
+    """The measured file bytes of a restore that cuts the saved chunks another way stay well
+    under read_summary's count, which is the bound for slices read by different processes."""
+    s = transformer.STRATEGIES["fsdp_tp"]
+    params = lm.init_params(jax.random.key(0), PAGE_CONFIG)
+    checkpoint.save(tmp_path, jax.device_put(params, s.shardings(params, s.mesh(DEVICES))),
+                    step=0)
+    measured, modeled = {}, {}
+    for strategy, n in [("fsdp_tp", 8), ("tp", 4), ("dp", 1)]:
+        like = training.state_like(PAGE_CONFIG, strategy=strategy, n_devices=n)["params"]
+        measured[strategy] = anatomy.file_bytes_read(tmp_path, like=like)
+        modeled[strategy] = anatomy.read_summary(tmp_path, like=like)["chunk bytes read"]
+    assert modeled["tp"] > 1.5 * modeled["fsdp_tp"]
+    assert measured["fsdp_tp"] > 0.5 * modeled["fsdp_tp"]  # random floats barely compress
+    assert measured["tp"] < 1.3 * measured["fsdp_tp"] < modeled["tp"]
+    with pytest.raises(InputError, match="structure"):  # refused before anything is read
+        anatomy.file_bytes_read(tmp_path, like={"w": like["embed"]})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ from helpers import DEVICES, mesh_of, run_python
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide.checkpointing import checkpoint
+from spmd_guide.checkpointing import anatomy, checkpoint
 from spmd_guide.core.checks import InputError, InputTypeError
 from spmd_guide.transformer import lm, transformer
 
@@ -266,3 +267,157 @@ def test_python_and_numpy_scalars_are_saved_as_jax_would_type_them(tmp_path):
     found = checkpoint.saved_arrays(tmp_path)
     assert {k: v.dtype for k, v in found.items()} == {
         "a": np.dtype(np.int32), "b": np.dtype(np.float32), "c": np.dtype(np.float32)}
+
+
+def _x(n=4):
+    return np.arange(float(n), dtype=np.float32)
+
+
+def test_a_python_int_that_int32_cannot_hold_is_refused(tmp_path):
+    with pytest.raises(InputError, match="does not fit int32"):
+        checkpoint.save(tmp_path / "new", {"step": 2**31}, step=1)
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------- typed keys
+
+
+def test_typed_prng_keys_round_trip_on_one_and_several_devices(tmp_path):
+    mesh = mesh_of(8)
+    keys = jax.device_put(jax.random.split(jax.random.key(1), 8), NamedSharding(mesh, P("x")))
+    state = {"key": jax.random.key(7), "keys": keys, "w": _x(8)}
+    checkpoint.save(tmp_path, state, step=1)
+    for n in (1, 4):
+        like = {"key": jax.ShapeDtypeStruct((), keys.dtype, sharding=NamedSharding(
+                    mesh_of(n), P())),
+                "keys": jax.ShapeDtypeStruct((8,), keys.dtype, sharding=NamedSharding(
+                    mesh_of(n), P("x"))),
+                "w": jax.ShapeDtypeStruct((8,), np.float32, sharding=NamedSharding(
+                    mesh_of(n), P()))}
+        back = checkpoint.restore(tmp_path, like=like)
+        for name in ("key", "keys"):
+            assert back[name].dtype == keys.dtype
+            np.testing.assert_array_equal(jax.random.key_data(back[name]),
+                                          jax.random.key_data(state[name]))
+        assert back["keys"].sharding.is_equivalent_to(like["keys"].sharding, 1)
+    # the saved layout says keys, and restores them on the devices that saved
+    layout = checkpoint.saved_layout(tmp_path)
+    assert layout["keys"].dtype == keys.dtype and layout["keys"].shape == (8,)
+    np.testing.assert_array_equal(jax.random.key_data(checkpoint.restore(
+        tmp_path, like=layout)["keys"]), jax.random.key_data(keys))
+    assert checkpoint.saved_arrays(tmp_path)["keys"].key_impl == "threefry2x32"
+    # and a like that asks for something else is refused, naming the leaf
+    for bad, words in [
+            (dict(like, key=jax.ShapeDtypeStruct((2,), np.uint32, sharding=like["w"].sharding)),
+             ["'key'", "not a typed PRNG key"]),
+            (dict(like, key=jax.ShapeDtypeStruct((), jax.random.key(0, impl="rbg").dtype,
+                                                 sharding=like["w"].sharding)),
+             ["'key'", "threefry2x32"]),
+            (dict(like, keys=jax.ShapeDtypeStruct((4,), keys.dtype,
+                                                  sharding=like["w"].sharding)),
+             ["'keys'", "shape (4,)", "(8,)"]),
+            (dict(like, w=jax.ShapeDtypeStruct((8,), keys.dtype, sharding=like["w"].sharding)),
+             ["'w'", "is a typed PRNG key"])]:
+        _unchanged(tmp_path, lambda bad=bad: checkpoint.restore(tmp_path, like=bad), InputError,
+                   words)
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+def _committed(directory, step):
+    checkpoint.save(directory, {"w": jax.device_put(_x(256))}, step=step)
+    return directory / str(step)
+
+
+def test_only_complete_steps_named_by_a_number_count(tmp_path):
+    _committed(tmp_path, 2)
+    (tmp_path / "backup_99").mkdir()               # Orbax's own rule would take it for 99
+    shutil.copytree(tmp_path / "2", tmp_path / "backup_98")
+    (tmp_path / "3").mkdir()                       # empty
+    half = shutil.copytree(tmp_path / "2", tmp_path / "4")  # a copy that stopped halfway
+    (half / checkpoint.COMMIT_MARKER).unlink()
+    (half / "default" / "_METADATA").unlink()
+    assert checkpoint.steps(tmp_path) == [2] and checkpoint.latest_step(tmp_path) == 2
+    like = {"w": jax.ShapeDtypeStruct((256,), np.float32, sharding=NamedSharding(mesh_of(1),
+                                                                                  P()))}
+    np.testing.assert_array_equal(checkpoint.restore(tmp_path, like=like)["w"], _x(256))
+    for step in (3, 4):
+        _unchanged(tmp_path, lambda step=step: checkpoint.restore(tmp_path, like=like,
+                                                                  step=step),
+                   InputError, [f"step {step} is not a complete", "commit_success.txt",
+                                "complete steps: [2]"])
+        _unchanged(tmp_path, lambda step=step: checkpoint.save(tmp_path, {"w": _x()},
+                                                               step=step),
+                   InputError, [f"{step}'", "not a complete step", "Delete it"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "5").mkdir()
+    _unchanged(empty, lambda: checkpoint.restore(empty, like=like), InputError,
+               ["no complete checkpoint", "'5'"])
+
+
+HARMS = {
+    "missing _METADATA": lambda p: (p / "default" / "_METADATA").unlink(),
+    "truncated _METADATA": lambda p: (p / "default" / "_METADATA").write_text(
+        (p / "default" / "_METADATA").read_text()[:40]),
+    "truncated array metadata": lambda p: (p / "default" / "array_metadatas" /
+                                           "process_0").write_text("{"),
+    "junk data files": lambda p: [f.write_bytes(b"junk" * 8) for f in p.rglob("*")
+                                  if f.parent.name == "d"],
+    "only the commit marker": lambda p: [shutil.rmtree(p / "default"),
+                                         (p / "_CHECKPOINT_METADATA").unlink()],
+}
+
+
+@pytest.mark.parametrize("harm", HARMS)
+def test_a_damaged_step_says_so_with_its_step_and_directory(tmp_path, harm):
+    _committed(tmp_path, 1)
+    HARMS[harm](_committed(tmp_path, 2))
+    assert checkpoint.steps(tmp_path) == [1, 2]  # marked complete
+    like = {"w": jax.ShapeDtypeStruct((256,), np.float32, sharding=NamedSharding(mesh_of(2),
+                                                                                  P("x")))}
+    words = ["step 2", str(tmp_path), "damaged", "Restore another step ([1])"]
+    for call in (lambda: checkpoint.restore(tmp_path, like=like),
+                 lambda: checkpoint.saved_arrays(tmp_path),
+                 lambda: checkpoint.saved_layout(tmp_path),
+                 lambda: anatomy.read_plan(tmp_path, like=like),
+                 lambda: anatomy.read_summary(tmp_path, like=like)):
+        before = _snapshot(tmp_path)
+        with pytest.raises(checkpoint.DamagedCheckpointError) as info:
+            call()
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+        assert info.value.__cause__ is not None and _snapshot(tmp_path) == before
+    # the step before is untouched and restores
+    np.testing.assert_array_equal(checkpoint.restore(tmp_path, like=like, step=1)["w"],
+                                  _x(256))
+
+
+# ---------------------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize("bad", ["", "   ", b"/tmp", 3, None, ["a"]])
+def test_a_directory_must_be_a_real_path(tmp_path, monkeypatch, bad):
+    monkeypatch.chdir(tmp_path)
+    state = {"w": _x()}
+    like = {"w": jax.ShapeDtypeStruct((4,), np.float32, sharding=NamedSharding(mesh_of(1),
+                                                                                P()))}
+    for call in (lambda: checkpoint.save(bad, state, step=1),
+                 lambda: checkpoint.start_save(bad, state, step=1),
+                 lambda: checkpoint.restore(bad, like=like),
+                 lambda: checkpoint.steps(bad), lambda: checkpoint.latest_step(bad),
+                 lambda: checkpoint.saved_arrays(bad), lambda: checkpoint.saved_layout(bad),
+                 lambda: anatomy.files(bad), lambda: anatomy.listing(bad),
+                 lambda: anatomy.read_plan(bad, like=like),
+                 lambda: anatomy.read_summary(bad, like=like)):
+        with pytest.raises(InputError, match="path|directory"):
+            call()
+    assert list(tmp_path.iterdir()) == []  # nothing written into the current directory
+
+
+def test_files_and_listing_take_one_step_not_the_root(saved):
+    directory, _ = saved
+    for call in (anatomy.files, anatomy.listing):
+        _unchanged(directory, lambda call=call: call(directory), InputError,
+                   ["not one step's directory", "holds steps [3]", str(directory / "3")])

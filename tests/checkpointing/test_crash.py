@@ -45,3 +45,26 @@ def test_killed_save_needs_a_complete_step_and_a_new_one(tmp_path):
     checkpoint.save(tmp_path, {"x": np.arange(3)}, step=1)
     with pytest.raises(InputError, match="already complete"):
         crash.killed_save(tmp_path, step=1)
+
+
+def test_killed_save_refuses_bad_sizes_and_paths(tmp_path):
+    checkpoint.save(tmp_path, {"x": np.arange(3)}, step=1)
+    for kwargs, words in [({"timeout": "x"}, "timeout"), ({"timeout": 0}, "timeout"),
+                          ({"n_devices": 0}, "n_devices"), ({"n_devices": 10**6}, "n_devices"),
+                          ({"step": -1}, "step")]:
+        with pytest.raises(InputError, match=words):
+            crash.killed_save(tmp_path, **{"step": 2} | kwargs)
+    for bad in ("", "  ", None):
+        with pytest.raises(InputError, match="directory"):
+            crash.killed_save(bad, step=2)
+    assert checkpoint.steps(tmp_path) == [1] and len(list(tmp_path.iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_a_child_without_the_saved_devices_is_a_clear_error(tmp_path):
+    mesh = mesh_of(8)
+    checkpoint.save(tmp_path, {"w": jax.device_put(np.arange(8.0), NamedSharding(mesh, P("x")))},
+                    step=1)
+    with pytest.raises(InputError, match="devices this process does not have"):
+        crash.killed_save(tmp_path, step=2, n_devices=2)
+    assert checkpoint.steps(tmp_path) == [1] and len(list(tmp_path.iterdir())) == 1

@@ -186,3 +186,26 @@ def test_helpers_refuse_what_is_not_theirs():
     with pytest.raises(InputError, match="a\\[1\\]"):
         training.max_abs_difference([1.0, float("nan")], [1.0, 2.0])
     assert training.max_abs_difference(np.array([1.0, 2.0]), [1.0, 2.5]) == 0.5
+
+
+def test_what_would_fail_at_the_save_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    call = {"config": CONFIG, "strategy": "dp", "n_devices": 1, "steps": 1, "batch": 8}
+    for kwargs, error, words in [
+            ({"seed": 2**31, "checkpoint_dir": tmp_path / "run"}, InputError,
+             ["seed", "at most 2147483647"]),
+            ({"examples": 2**31}, InputError, ["examples", "at most"]),
+            ({"checkpoint_dir": ""}, InputError, ["checkpoint_dir", "current directory"]),
+            ({"checkpoint_dir": "  "}, InputError, ["checkpoint_dir"]),
+            ({"checkpoint_dir": 3}, InputTypeError, ["checkpoint_dir", "path"]),
+            ({"examples": 4}, InputError, ["batch=8", "examples=4"])]:
+        with pytest.raises(error) as info:
+            training.train_lm(**call | kwargs)
+        for word in words:
+            assert word in str(info.value), (word, str(info.value))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_empty_curves_are_refused():
+    with pytest.raises(InputError, match="empty"):
+        training.max_abs_difference([], [])

@@ -31,7 +31,11 @@ def _child(directory: str, step: int, n_devices: int) -> None:
     ensure_devices(n_devices)
     import jax
 
-    state = checkpoint.restore(directory, like=checkpoint.saved_layout(directory))
+    try:
+        state = checkpoint.restore(directory, like=checkpoint.saved_layout(directory))
+    except Exception as error:  # noqa: BLE001 (reported to the parent, which raises it)
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+        sys.exit(3)
     checkpoint.start_save(directory, jax.tree.map(lambda x: x + 1, state), step=step)
     print(json.dumps(sorted(os.listdir(directory))), flush=True)  # what it sees, then:
     os.kill(os.getpid(), signal.SIGKILL)
@@ -56,7 +60,8 @@ def killed_save(directory: Any, *, step: int, n_devices: int = 8,
     restores it to have arrays to save) and ``step`` must be new."""
     path = pathlib.Path(checkpoint._directory(directory, must_exist=True))
     step = checks.count("step", step, minimum=0)
-    n_devices = checks.count("n_devices", n_devices)
+    n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
+    timeout = checks.real("timeout", timeout, positive=True)
     if checkpoint.latest_step(path) is None:
         raise checks.InputError(
             f"directory {str(path)!r} holds no complete step for the child to start from.")
@@ -66,6 +71,12 @@ def killed_save(directory: Any, *, step: int, n_devices: int = 8,
     proc = subprocess.run([sys.executable, "-c", _RUN_CHILD, str(path), str(step),
                            str(n_devices)],
                           capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode == 3 and proc.stdout.strip():
+        found = json.loads(proc.stdout.strip().splitlines()[-1])["error"]
+        raise checks.InputError(
+            f"the child process on {n_devices} device(s) could not restore the latest step "
+            f"of {str(path)!r} in the layout it was saved in, so it had nothing to save: "
+            f"{found}")
     if proc.returncode >= 0 or not proc.stdout.strip():
         raise RuntimeError(f"the child was expected to die by a signal mid-save; it exited "
                            f"with {proc.returncode}:\n{proc.stderr[-3000:]}")

@@ -40,6 +40,9 @@ EXAMPLES = 256
 LEARNING_RATE = 3e-3
 #: The integers that say where the data stands (saved as int32 scalars).
 DATA_FIELDS = ("seed", "epoch", "position", "batch", "examples")
+#: The largest value an int32 data field holds: seed, batch and examples are checked
+#: against it before training, so the save at the end cannot fail.
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def _check_run(config: Any, strategy: Any, n_devices: Any, batch: Any
     config = _check_config(config)
     name = checks.one_of("strategy", strategy, transformer.STRATEGIES)
     n_devices = checks.count("n_devices", n_devices, maximum=len(jax.devices()))
-    batch = checks.count("batch", batch)
+    batch = checks.count("batch", batch, maximum=INT32_MAX)  # saved as int32
     strategy_, mesh, _ = _layout(config, name, n_devices)
     checks.spec_fits("a batch of tokens", (batch, config.seq_len + 1), strategy_.token_spec(),
                      mesh)
@@ -207,19 +210,31 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
     state and data position), laid out for the strategy and device count given now.
     ``examples`` is the size of the dataset (an epoch; a last partial batch is dropped).
     """
-    steps = checks.count("steps", steps)
-    seed = checks.count("seed", seed, minimum=0)
-    examples = checks.count("examples", examples)
+    steps = checks.count("steps", steps, maximum=INT32_MAX)
+    seed = checks.count("seed", seed, minimum=0, maximum=INT32_MAX)  # saved as int32
+    examples = checks.count("examples", examples, maximum=INT32_MAX)
     resume = checks.flag("resume", resume)
     if save_every is not None:
         save_every = checks.count("save_every", save_every)
     config, name, n_devices, batch = _check_run(config, strategy, n_devices, batch)
+    if batch > examples:
+        raise checks.InputError(
+            f"batch={batch} is more than examples={examples}: an epoch would hold no full "
+            f"batch. Use a batch of at most {examples}, or more examples.")
     if checkpoint_dir is None:
         if resume or save_every is not None:
             raise checks.InputError(
                 f"{'resume=True' if resume else 'save_every'} needs a checkpoint_dir.")
     else:
+        checkpoint_dir = checkpoint._directory(checkpoint_dir, must_exist=False,
+                                               name="checkpoint_dir")
         done = checkpoint.steps(checkpoint_dir)
+        half = [n for n in checkpoint._unfinished(checkpoint_dir) if n.isdigit()]
+        if half:
+            raise checks.InputError(
+                f"checkpoint_dir {str(checkpoint_dir)!r} holds step directories that are not "
+                f"complete ({half}: no {checkpoint.COMMIT_MARKER}), which a save of that step "
+                f"could not replace; delete them first.")
         if done and not resume:
             raise checks.InputError(
                 f"checkpoint_dir {str(checkpoint_dir)!r} already holds steps {done}: pass "
@@ -273,20 +288,26 @@ def train_lm(config: lm.Config, *, strategy: str, n_devices: int, steps: int, ba
 
 def max_abs_difference(a: Sequence[float], b: Sequence[float]) -> float:
     """The largest ``|a[i] - b[i]|`` of two loss curves of the same length (finite
-    numbers: a NaN loss is refused, as it would hide any difference)."""
+    numbers: a NaN loss is refused, as it would hide any difference). Two empty curves are
+    refused too: they have no difference to measure, and 0.0 would read as "identical"."""
     a = [checks.real(f"a[{i}]", x) for i, x in enumerate(_curve("a", a))]
     b = [checks.real(f"b[{i}]", x) for i, x in enumerate(_curve("b", b))]
     if len(a) != len(b):
         raise checks.InputError(f"the curves have {len(a)} and {len(b)} points; compare "
                                 f"curves of the same length.")
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if not a:
+        raise checks.InputError("a and b are empty: there is no loss to compare.")
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def _curve(name: str, values: Any) -> list[Any]:
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, (Sequence, np.ndarray)):
         raise checks.InputTypeError(
             f"{name} must be a sequence of losses such as [2.7, 2.5], got {checks.value_text(values)}.")
-    return list(np.ravel(values)) if isinstance(values, np.ndarray) else list(values)
+    if isinstance(values, np.ndarray) and values.ndim != 1:
+        raise checks.InputError(
+            f"{name} must be one curve (1-D), got an array of shape {values.shape}.")
+    return list(values)
 
 
 def steps_per_epoch(*, batch: int, examples: int = EXAMPLES) -> int:
