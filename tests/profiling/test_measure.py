@@ -95,3 +95,29 @@ def test_after_a_step_each_device_holds_the_outputs_more():
     # The analysis also counts the output tuple's table: one 8-byte pointer per output.
     assert found.compiled.output_bytes - array_bytes == 8 * len(leaves)
     assert len(found.rows()) >= 4 and found.compiled.temp_bytes > 0
+
+
+def test_a_counts_row_compares_the_program_with_the_trace():
+    mesh = mesh_of(2)
+    x = jax.device_put(np.ones((4, 4), np.float32), NamedSharding(mesh, P("x")))
+    once = jax.jit(jax.shard_map(lambda a: a + jax.lax.psum(a.sum(), "x"), mesh=mesh,
+                                 in_specs=P("x"), out_specs=P("x")))
+    row = measure.counts_row("once", once, x, repeats=1)
+    assert row == {"program": "once", "compiled program holds": "1 all-reduce",
+                   "each device ran, per step": "1 all-reduce", "equal": "yes"}
+    looped = jax.jit(jax.shard_map(
+        lambda a: jax.lax.fori_loop(0, 2, lambda _, c: c + jax.lax.psum(c.sum(), "x"), a),
+        mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    row = measure.counts_row("looped", looped, x, repeats=1)
+    assert row["each device ran, per step"] == "2 all-reduce" and row["equal"] == "no"
+
+
+def test_thread_sharing_counts_threads_that_ran_several_devices():
+    def op(tid, device):
+        return {"pid": 1, "tid": tid, "args": {"hlo_op": "f", "device_ordinal": str(device)}}
+
+    events = [op(1, 0), op(1, 1), op(2, 1), {"tid": 3, "name": "Rendezvous"}]
+    assert measure.thread_sharing(events) == {"devices": 2, "threads": 2,
+                                              "threads with several devices": 1}
+    assert measure.thread_sharing([]) == {"devices": 0, "threads": 0,
+                                          "threads with several devices": 0}

@@ -279,3 +279,15 @@ def test_trace_counts_equal_the_compiled_program_s(program, k, explicit):
             pytest.skip("auto_dp_tp needs a 2-axis mesh of at least 2 devices")
         fn, args = _strategy_step(program, k, explicit)
     _check_against_program(fn, args, k, repeats=2)
+
+
+def test_a_trace_built_by_hand_counts_and_checks_too():
+    def op(device, run, name="all-reduce.1", kind="collective"):
+        return tracing.Op(device=device, name=name, kind=kind, start_us=0.0, dur_us=1.0,
+                          run=run)
+
+    ops = [op(d, r) for d in (0, 1) for r in (0, 1)] + [op(0, 0, "fusion", "compute")]
+    trace = tracing.Trace(ops, [0, 1], 2)
+    assert trace.collective_counts()["all-reduce"] == 1
+    with pytest.raises(tracing.TraceError, match="disagree"):
+        tracing.Trace(ops + [op(1, 1, "all-gather")], [0, 1], 2).collective_counts()

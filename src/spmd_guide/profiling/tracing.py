@@ -34,6 +34,7 @@ import bisect
 import gzip
 import json
 import pathlib
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -130,7 +131,7 @@ class Trace:
     ops: list[Op]
     devices: list[int]
     runs: int
-    module: str
+    module: str = ""
     folder_files: list[tuple[str, int]] = field(default_factory=list, repr=False)
 
     # -- per run and device -------------------------------------------------------------
@@ -163,8 +164,9 @@ class Trace:
         for key, ops in groups.items():
             counts = dict.fromkeys(KINDS, 0)
             for op in ops:
-                if op.kind == "collective" and op.opcode in _OPCODES:
-                    counts[_OPCODES[op.opcode]] += 1
+                kind = _collective_of(op)
+                if kind:
+                    counts[kind] += 1
             found[key] = counts
         (first_key, first), *rest = sorted(found.items())
         for key, counts in rest:
@@ -243,6 +245,15 @@ class Trace:
         """Parse TraceEvents (the ``traceEvents`` of a trace file) of ``program``'s runs."""
         module, opcodes = opcodes_of(program)
         return _parse(events, module, opcodes, runs)
+
+
+def _collective_of(op: Op) -> str:
+    """The collective kind an op record counts as ("" for none): from its opcode; a record
+    built by hand without one falls back to its name (``all-reduce.3``)."""
+    if op.kind != "collective":
+        return ""
+    opcode = op.opcode or re.sub(r"\.\d+$", "", op.name)
+    return _OPCODES.get(opcode, "")
 
 
 def counts_text(counts: Mapping[str, int]) -> str:
@@ -364,7 +375,9 @@ def capture(fn: Callable[..., Any], *args: Any, repeats: int = 3) -> Trace:
     times inside ``jax.profiler.trace`` into a temporary folder, each run waited for, and
     the trace file is read back (:func:`read_events`) and parsed against the compiled
     program's text (the very executable that ran). ``fn`` must not donate its arguments:
-    it runs ``repeats + 1`` times on the same ones.
+    it runs ``repeats + 1`` times on the same ones. Keep ``repeats`` small: the JSON export
+    keeps a bounded number of events, and a run it dropped is a :class:`TraceError`, not a
+    silently shorter trace.
     """
     repeats = checks.count("repeats", repeats, minimum=1, maximum=MAX_REPEATS)
     checks.function("fn", fn)
