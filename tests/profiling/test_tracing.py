@@ -291,3 +291,28 @@ def test_a_trace_built_by_hand_counts_and_checks_too():
     assert trace.collective_counts()["all-reduce"] == 1
     with pytest.raises(tracing.TraceError, match="disagree"):
         tracing.Trace(ops + [op(1, 1, "all-gather")], [0, 1], 2).collective_counts()
+
+
+def test_only_the_step_s_own_program_is_kept():
+    """An input not yet laid out adds a transfer program (jit__multi_slice) to the trace."""
+    mesh = mesh_of(4)
+    f = jax.jit(lambda a: jnp.sum(a * 2), in_shardings=NamedSharding(mesh, P("x")))
+    x = jnp.arange(16.0)  # on the default device, uncommitted
+    trace = tracing.capture(f, x, repeats=2)
+    assert trace.module == "jit__lambda" and trace.devices == [0, 1, 2, 3]
+    assert trace.collective_counts() == hlo.collective_counts(f, x)
+
+
+def test_xla_cpu_facts_the_pages_state():
+    """jit on XLA:CPU emits no asynchronous -start/-done pairs, and keeps an all-reduce where
+    a reduce-scatter would do (auto_fsdp); shard_map's psum_scatter is a real one (fsdp)."""
+    texts = {}
+    for name in ("auto_fsdp", "fsdp"):
+        step, args = _strategy_step(name, 4, explicit=False)
+        texts[name] = hlo.compiled_text(step, *args)
+    auto = hlo.collectives_in_text(texts["auto_fsdp"])
+    assert not any(line.split("=")[1].split("(")[0].strip().endswith("-start")
+                   for line in texts["auto_fsdp"].splitlines() if " = " in line)
+    assert hlo.count_kinds(auto)["reduce-scatter"] == 0
+    assert hlo.count_kinds(auto)["all-reduce"] >= 1
+    assert hlo.count_kinds(hlo.collectives_in_text(texts["fsdp"]))["reduce-scatter"] >= 1
