@@ -49,7 +49,7 @@ def _spans(name: str, spans: Any) -> list[tuple[float, float, str]]:
 
 
 def draw_timeline(lanes: Mapping[str, Sequence[tuple[float, float, str]]], *, alt: str,
-                  title: str = "", unit: str = "µs", width_in: float = 6.4) -> Any:
+                  title: str = "", unit: str = "µs", width_in: float = 5.4) -> Any:
     """A figure with one lane per entry of ``lanes`` (top to bottom in their order), each
     span ``(start, duration, kind)`` drawn as a bar of its kind's style (:data:`KIND_STYLE`).
 

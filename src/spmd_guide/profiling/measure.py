@@ -129,22 +129,23 @@ def waits_per_collective(trace: Any) -> dict[str, dict[int, float]]:
 # --------------------------------------------------------------------------- warm-up
 
 
-def _plain(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """The Python function under a jitted one (``jax.jit`` keeps it as ``__wrapped__``)."""
+def _fresh_jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A new ``jax.jit`` around ``fn``: JAX keeps lowered and compiled programs per jitted
+    function, so timing the compile of ``fn`` itself a second time would time a cache hit.
+    A jitted ``fn`` is called inside (its shardings and pins kept, its donation not)."""
     checks.function("fn", fn)
     if isinstance(fn, (jax.stages.Compiled, jax.stages.Lowered)):
         raise checks.InputTypeError("give the function, not a compiled or lowered program: "
                                     "the point is to time its compilation.")
-    return getattr(fn, "__wrapped__", fn)
+    return jax.jit(lambda *a: fn(*a))
 
 
 def stage_times(fn: Callable[..., Any], *args: Any) -> dict[str, float]:
     """Seconds to trace and lower ``fn`` on ``args``, to compile it, and to run the compiled
     program once and again (waited for): ``{"trace and lower", "compile", "first run",
-    "second run"}``. ``fn`` is jitted afresh (a new wrapper), so nothing is cached from
-    earlier calls of the same jitted function."""
-    plain = _plain(fn)
-    fresh = jax.jit(lambda *a: plain(*a))
+    "second run"}``. ``fn`` is jitted afresh (:func:`_fresh_jit`), so the compile is never a
+    cache hit; tracing may reuse a jitted ``fn``'s own cached trace."""
+    fresh = _fresh_jit(fn)
     t0 = time.perf_counter()
     lowered = fresh.lower(*args)
     t1 = time.perf_counter()
@@ -162,8 +163,7 @@ def call_times(fn: Callable[..., Any], *args: Any, calls: int = 5) -> list[float
     """Seconds of each of ``calls`` calls of a fresh ``jax.jit`` of ``fn`` on ``args``, each
     waited for: the first includes tracing and compiling."""
     calls = checks.count("calls", calls, maximum=1000)
-    plain = _plain(fn)
-    fresh = jax.jit(lambda *a: plain(*a))
+    fresh = _fresh_jit(fn)
     times = []
     for _ in range(calls):
         start = time.perf_counter()
