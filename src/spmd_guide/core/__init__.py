@@ -1,5 +1,6 @@
 """The base every topic builds on: input checks (`checks`), devices and the one mesh
-builder (`devices`), the one presentation layer (`display`), every picture (`drawing`),
+builder (`devices`), the one presentation layer (`display`), every picture (`drawing`;
+per-device timelines in `timeline`),
 reading compiled programs (`hlo_text` parses, `device_groups` reads which devices it names,
 `hlo` compiles and counts), what JAX traced
 (`traced`), honest timing (`timing`) and benchmark tables kept with provenance (`results`).

@@ -1,0 +1,8 @@
+"""Part VI, measure what you predicted (book/profiling/): a ``jax.profiler`` trace of a
+sharded step, read per device and checked against the compiled program.
+
+- `tracing`: `capture(fn, *args, repeats)` -> `Trace` (ops per device and run, collective
+  counts, compute/collective/wait time per device) (profiling/tracing, profiling/stragglers).
+- `measure`: what the pages measure with it: a straggler, warm-up against steady state, live
+  memory per device from `jax.profiler.device_memory_profile` (profiling/stragglers).
+"""
