@@ -79,12 +79,14 @@ def test_ring_overlap_reaches_at_most_2n_minus_1_over_n():
         rows = formulas.ring_matmul_balance_rows(ways, "tpu-v5e")
         gains = []
         for m in np.geomspace(rows / 20, rows * 20, 81):
-            compute, comm = formulas.collective_matmul_times(round(m), 4096, 4096, ways, "tpu-v5e")
+            compute, comm = formulas.collective_matmul_times(
+                ways * round(m / ways), 4096, 4096, ways, "tpu-v5e")
             assert formulas.overlapped_time(compute, comm, ways=ways) == pytest.approx(
                 _ring_schedule(compute, comm, ways))
             gains.append(formulas.overlap_speedup(compute, comm, ways=ways))
         assert max(gains) == pytest.approx((2 * ways - 1) / ways, rel=1e-3)
-        compute, comm = formulas.collective_matmul_times(round(rows), 4096, 4096, ways, "tpu-v5e")
+        compute, comm = formulas.collective_matmul_times(ways * round(rows / ways), 4096, 4096, ways,
+                                                      "tpu-v5e")
         assert formulas.overlap_speedup(compute, comm, ways=ways) == pytest.approx(
             (2 * ways - 1) / ways, rel=1e-3)
         assert formulas.overlap_speedup(compute, comm) >= (2 * ways - 1) / ways * 0.999  # 2 streams
@@ -124,7 +126,7 @@ def test_parallelism_thresholds_balance_compute_and_communication():
     assert formulas.tp_max_ways(chip, math.ceil(f)) == 4
     assert formulas.tp_max_ways(chip, math.floor(f)) == 3
     rows = 3 * 2 * chip.comm_ridge / 2  # where compute meets communication on a 4-ring
-    compute, comm = formulas.collective_matmul_times(round(rows), 512, 1024, 4, chip)
+    compute, comm = formulas.collective_matmul_times(4 * round(rows / 4), 512, 1024, 4, chip)
     assert compute == pytest.approx(comm, rel=1e-3)
     assert formulas.overlap_speedup(1.0, 1.0) == 2 and formulas.overlap_speedup(3.0, 1.0) == pytest.approx(4 / 3)
     assert compute > 0 and comm > 0

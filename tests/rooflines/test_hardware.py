@@ -19,9 +19,10 @@ def test_every_required_chip_is_listed_with_a_source():
         assert chip.source.split()[0].startswith("https://"), key
         assert chip.read_via and chip.date_read.count("-") == 2
         assert chip.interconnect and chip.network
-        assert set(chip.cite) == set(hardware.UNITS), key  # every rate cites its figure
+        assert set(chip.cite) == set(hardware.CITED), key  # every rate cites its figure
         assert all(len(text) > 20 for text in chip.cite.values()), key
-        assert [row["rate"] for row in chip.citations()] == list(hardware.UNITS)
+        assert [row["rate"] for row in chip.citations()] == list(hardware.CITED)
+        assert chip.topology in hardware.TOPOLOGIES
 
 
 @pytest.mark.parametrize("key", sorted(REQUIRED))
@@ -65,6 +66,7 @@ interconnect_bandwidth = 1e11
 interconnect = "links"
 network_bandwidth = 1e10
 network = "dcn"
+topology = "switch"
 source = "https://example.org"
 read_via = "a copy"
 date_read = "2026-11-23"
@@ -75,6 +77,7 @@ hbm_bytes = "c"
 hbm_bandwidth = "b"
 interconnect_bandwidth = "i"
 network_bandwidth = "n"
+topology = "t"
 """
 
 
