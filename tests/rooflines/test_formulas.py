@@ -178,7 +178,75 @@ NAN = float("nan")
     (lambda: formulas.tp_min_width("h200", 1), InputError, "n"),
     (lambda: formulas.overlap_speedup(0, 0), InputError, "nothing"),
     (lambda: formulas.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
+    # Sizes the formula splits must split evenly (review: 100 rows over 8 chips was priced).
+    (lambda: formulas.collective_matmul_times(100, 64, 64, 8, "h100-sxm"), InputError,
+     r"m \(rows of the left-hand side\) is 100, .* 8 equal parts"),
+    (lambda: formulas.collective_matmul_times(64, 60, 64, 8, "h100-sxm"), InputError,
+     r"k \(rows of the right-hand side\) is 60, .* 8 equal parts"),
+    (lambda: formulas.collective_matmul_times(8, 8, 8, True, "h200"), InputTypeError, "ways"),
+    (lambda: formulas.collective_matmul_times(8, 8, 8, 4, "h200", slice_chips=2), InputError,
+     "slice_chips"),
+    (lambda: formulas.ring_time(True, 8, "h200"), InputTypeError, "buffer_bytes"),
+    (lambda: formulas.ring_time(1e6, 10**9, "h200"), InputError, "n must be at most"),
+    (lambda: formulas.ring_time(1e6, 8, "tpu-v5e", slice_chips=4), InputError, "slice_chips=4"),
+    (lambda: formulas.ring_time(1e6, 4, "tpu-v5e", slice_chips="8"), InputTypeError, "slice_chips"),
+    (lambda: formulas.ring_time(1e6, 4, "tpu-v5e", slice_chips=8, link="network"), InputError,
+     "slice_chips=8 applies to link='interconnect'"),
+    (lambda: formulas.ring_time(1e6, 4, ["tpu-v5e"]), InputTypeError, "chip"),
+    (lambda: formulas.dp_critical_batch("h200", group=8), InputError, "group=8"),
+    (lambda: formulas.dp_critical_batch("h200", n=True), InputTypeError, "n"),
+    (lambda: formulas.dp_critical_batch("h200", link=["network"]), InputTypeError, "link"),
+    (lambda: formulas.dp_critical_batch("h200", slice_chips=8), InputError, "needs n="),
+    (lambda: formulas.fsdp_critical_batch("h200", phase=["forward"]), InputTypeError, "phase"),
+    (lambda: formulas.fsdp_critical_batch("tpu-v4", n=4, slice_chips=0), InputError, "slice_chips"),
+    (lambda: formulas.tp_min_width("tpu-v4", 16, slice_chips=8), InputError, "slice_chips=8"),
+    (lambda: formulas.tp_max_ways("tpu-v4", 8192, slice_chips=False), InputTypeError, "slice_chips"),
+    (lambda: formulas.ring_matmul_balance_rows(4, "tpu-v4", slice_chips=2), InputError, "slice_chips"),
+    (lambda: formulas.mlp_matmul_flops("512", 8), InputTypeError, "layer_sizes"),
+    (lambda: formulas.mlp_matmul_flops({4: 4, 5: 5}, 8), InputTypeError, "layer_sizes"),
+    (lambda: formulas.critical_batch("h200", d=True, f=8), InputTypeError, "d"),
+    (lambda: formulas.overlapped_time(True, 1.0), InputTypeError, "compute_s"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def test_a_tpu_axis_without_wraparound_takes_twice_the_ring():
+    """Review B2: on an 8-chip slice (2x4, 2x2x2) a 2- or 4-chip axis is a line; the scaling
+    book: no wraparounds "typically doubles the time of most communication"."""
+    for chip in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"):
+        ring = formulas.ring_time(1e6, 4, chip)  # the 4 chips of a 2x2 slice: a cycle
+        assert formulas.ring_time(1e6, 4, chip, slice_chips=8) == pytest.approx(2 * ring)
+        assert formulas.ring_time(1e6, 8, chip, slice_chips=8) == \
+            formulas.ring_time(1e6, 8, chip)  # all 8: a Hamiltonian cycle, the ring's price
+        assert formulas.ring_time(1e6, 4, chip, link="network") == pytest.approx(
+            3 / 4 * 1e6 / hardware.CHIPS[chip].network_bandwidth)
+        assert formulas.tp_min_width(chip, 4, slice_chips=8) == pytest.approx(
+            2 * formulas.tp_min_width(chip, 4))
+        assert formulas.dp_critical_batch(chip, n=4, slice_chips=8) == pytest.approx(
+            2 * formulas.dp_critical_batch(chip, n=4))
+        assert formulas.fsdp_critical_batch(chip, n=4, slice_chips=8) == pytest.approx(
+            2 * formulas.fsdp_critical_batch(chip, n=4))
+        assert formulas.ring_matmul_balance_rows(4, chip, slice_chips=8) == pytest.approx(
+            2 * formulas.ring_matmul_balance_rows(4, chip))
+        c, m = formulas.collective_matmul_times(64, 64, 64, 4, chip)
+        c8, m8 = formulas.collective_matmul_times(64, 64, 64, 4, chip, slice_chips=8)
+        assert (c8, m8) == (c, pytest.approx(2 * m))
+    for chip in ("h100-sxm", "h200", "b200"):  # NVSwitch: any group of a node is priced alike
+        assert formulas.ring_time(1e6, 4, chip, slice_chips=8) == formulas.ring_time(1e6, 4, chip)
+
+
+def test_tp_max_ways_in_a_slice_picks_a_length_that_divides_it():
+    width = math.ceil(formulas.tp_min_width("tpu-v5p", 8))
+    assert formulas.tp_max_ways("tpu-v5p", width, slice_chips=8) == 8  # a ring
+    # 4 of 8 is a line: it needs twice the width 4 needs on a ring.
+    four = formulas.tp_min_width("tpu-v5p", 4, slice_chips=8)
+    assert four == pytest.approx(2 * formulas.tp_min_width("tpu-v5p", 4))
+    assert formulas.tp_max_ways("tpu-v5p", math.ceil(four), slice_chips=8) == 4
+    assert formulas.tp_max_ways("tpu-v5p", 10, slice_chips=8) == 1
+    assert formulas.tp_max_ways("h100-sxm", width, slice_chips=8) == \
+        min(8, formulas.tp_max_ways("h100-sxm", width))

@@ -145,6 +145,18 @@ def ranking(predictions: Sequence[Prediction], chip: str) -> list[str]:
     return [p.strategy for p in sorted(rows, key=lambda p: p.estimate.step_s)]
 
 
+def first_places(predictions: Sequence[Prediction]) -> str:
+    """How many chips each strategy is predicted fastest on, for a sentence:
+    ``"auto_dp_tp on 1, tp on 6"`` (strategies in alphabetical order)."""
+    if isinstance(predictions, (str, bytes, Mapping)) or not isinstance(predictions, Sequence) \
+            or not predictions or not all(isinstance(p, Prediction) for p in predictions):
+        raise checks.InputTypeError(
+            "predictions must be a non-empty list of Prediction (from predict_strategies), got "
+            f"{checks.value_text(predictions)}.")
+    firsts = [ranking(predictions, chip)[0] for chip in dict.fromkeys(p.chip for p in predictions)]
+    return ", ".join(f"{name} on {firsts.count(name)}" for name in sorted(set(firsts)))
+
+
 def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[str, Any]]:
     """Table rows for one chip: the three predicted times in ms, the predicted step (their
     largest), the bound, the rank."""
@@ -271,10 +283,15 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
     """
     logy = checks.flag("logy", logy)
     x = checks.array("x", x, ndim=1)
+    if len(x) < 2:
+        raise checks.InputError(f"x needs at least 2 values to draw a line, got {len(x)}.")
     x = _finite("x", np.asarray(x, dtype=float), positive=True)
     if not isinstance(curves, Mapping) or not curves:
         raise checks.InputTypeError(
             f"curves must be a non-empty dict of label -> values, got {type(curves).__name__}.")
+    for label in curves:
+        if not isinstance(label, str):
+            raise checks.InputTypeError(f"a label of curves must be a string, got {label!r}.")
     curves = {label: _finite(f"curves[{label!r}]", np.asarray(
         checks.array(f"curves[{label!r}]", values, ndim=1), dtype=float), positive=logy,
         length=len(x)) for label, values in curves.items()}
@@ -286,6 +303,10 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
     marks = {label: checks.real(f"marks[{label!r}]", level, positive=logy)
              for label, level in (marks or {}).items()}
     if xticks is not None:
+        if isinstance(xticks, (str, bytes, Mapping)) or not isinstance(
+                xticks, (Sequence, np.ndarray)):
+            raise checks.InputTypeError(
+                f"xticks must be a sequence of numbers such as [2, 4, 8], got {xticks!r}.")
         xticks = [checks.real("an entry of xticks", t, positive=True) for t in xticks]
     fig, ax = _axes((4.8, 3.8))
     for i, (label, values) in enumerate(curves.items()):
