@@ -205,10 +205,11 @@ def get_chips(chips: str | Chip | Iterable[str | Chip], *, name: str = "chips") 
     without repeats. A single name is one chip, never its letters."""
     if isinstance(chips, (str, Chip)):
         return [get_chip(chips, name=name)]
-    if isinstance(chips, Mapping) or not isinstance(chips, (Sequence, np.ndarray, Iterable)):
+    if isinstance(chips, (Mapping, set, frozenset)) or not isinstance(
+            chips, (Sequence, np.ndarray, Iterable)):
         raise checks.InputTypeError(
-            f"{name} must be a chip name such as 'h100-sxm' or a sequence of them, got "
-            f"{chips!r}.")
+            f"{name} must be a chip name such as 'h100-sxm' or a sequence of them (a list or "
+            f"tuple: a set has no order), got {chips!r}.")
     found = {c.key: c for c in (get_chip(item, name=f"an entry of {name}")
                                 for item in list(np.asarray(chips, dtype=object).ravel()
                                                  if isinstance(chips, np.ndarray) else chips))}

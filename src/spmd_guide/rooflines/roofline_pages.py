@@ -491,7 +491,8 @@ def problems() -> list[Problem]:
     best = formulas.overlap_speedup(compute, comm, ways=4)
     out.append(Problem(
         "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU "
-        "v5e chips (bf16): for how many rows m does overlapping pay the most, and how much?",
+        "v5e chips (a 2x2 slice, whose 4 chips close a cycle; bf16): for how many rows m "
+        "does overlapping pay the most, and how much?",
         "It does 4 block matmuls (2*m*k*n/16 FLOPs each) and 3 block transfers (k*n/4 "
         "elements each), each transfer beside the previous block's matmul; the last matmul "
         "has nothing left to hide. The gain is largest where one block's matmul takes as "
