@@ -250,3 +250,64 @@ def test_tp_max_ways_in_a_slice_picks_a_length_that_divides_it():
     assert formulas.tp_max_ways("tpu-v5p", 10, slice_chips=8) == 1
     assert formulas.tp_max_ways("h100-sxm", width, slice_chips=8) == \
         min(8, formulas.tp_max_ways("h100-sxm", width))
+
+
+# --------------------------------------------------------------------------- the audit
+# Every integer and real argument of every formula, given each mistake a user makes (a
+# string, a float, None, zero, a negative, NaN, infinity, a bool): InputError naming it.
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3, "nan": NAN,
+            "bool": True}
+BAD_REALS = {"str": "1.0", "None": None, "negative": -1.0, "nan": NAN, "inf": float("inf"),
+             "bool": True}
+#: (function, valid keyword arguments, integer arguments, real arguments, optional ones:
+#: None is valid there).
+FORMULAS = [
+    (formulas.matmul_intensity, dict(m=8, k=8, n=8), "m k n", "bytes_per_element", ""),
+    (formulas.critical_batch, dict(chip="h200", d=8, f=8), "d f", "bytes_per_element", "d f"),
+    (formulas.ring_time, dict(buffer_bytes=1e6, n=4, chip="tpu-v5e", slice_chips=8),
+     "n slice_chips", "buffer_bytes", "slice_chips"),
+    (formulas.dp_critical_batch, dict(chip="h200", n=8, link="network", group=8), "n group",
+     "bytes_per_element", "n"),
+    (formulas.fsdp_critical_batch, dict(chip="tpu-v5e", n=4, gathers=1, slice_chips=8),
+     "n gathers slice_chips", "bytes_per_element", "n slice_chips"),
+    (formulas.tp_min_width, dict(chip="h200", n=4, slice_chips=8), "n slice_chips",
+     "bytes_per_element", "slice_chips"),
+    (formulas.tp_max_ways, dict(chip="h200", width=8192, slice_chips=8), "width slice_chips",
+     "bytes_per_element", "slice_chips"),
+    (formulas.overlapped_time, dict(compute_s=1.0, comm_s=1.0, ways=4), "ways",
+     "compute_s comm_s", "ways"),
+    (formulas.overlap_speedup, dict(compute_s=1.0, comm_s=1.0, ways=4), "ways",
+     "compute_s comm_s", "ways"),
+    (formulas.ring_matmul_balance_rows, dict(ways=4, chip="h200", slice_chips=8),
+     "ways slice_chips", "bytes_per_element", "slice_chips"),
+    (formulas.collective_matmul_times, dict(m=64, k=64, n=64, ways=4, chip="h200",
+                                            slice_chips=8),
+     "m k n ways slice_chips", "bytes_per_element", "slice_chips"),
+    (formulas.mlp_matmul_flops, dict(layer_sizes=[8, 8], batch=4), "batch", "", ""),
+    (formulas.mlp_elementwise_flops, dict(layer_sizes=[8, 8], batch=4), "batch", "", ""),
+    (hardware.axis_wraps, dict(chip="tpu-v5e", axis_length=4, slice_chips=8),
+     "axis_length slice_chips", "", "slice_chips"),
+    (hardware.topology_factor, dict(chip="tpu-v5e", axis_length=4, slice_chips=8),
+     "axis_length slice_chips", "", "slice_chips"),
+]
+AUDIT = [
+    pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+    for fn, valid, ints, reals, optional in FORMULAS
+    for args, bad in ((ints, BAD_INTS), (reals, BAD_REALS))
+    for arg in args.split()
+    for tag, value in bad.items()
+    if not (value is None and arg in optional.split())
+] + [
+    pytest.param(fn, valid, "chip", value, id=f"{fn.__name__}-chip-{tag}")
+    for fn, valid, *_ in FORMULAS if "chip" in valid
+    for tag, value in {"unknown": "tpu-v9", "list": ["h200"], "bytes": b"h200",
+                       "None": None}.items()
+]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_number_or_chip_names_its_argument(fn, valid, arg, value):
+    fn(**valid)  # the valid call answers
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {arg: value})

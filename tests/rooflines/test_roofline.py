@@ -212,3 +212,48 @@ def test_a_bf16_matmul_is_native_and_a_bf16_training_step_gains_conversions():
     assert f"{bf16.converts} time(s)" in note and "byte_scale=0.5" in note
     # int -> float converts are not counted: only float <-> float.
     assert roofline.counts(lambda i: i.astype(jnp.float32) * 2, jnp.arange(8)).converts == 0
+
+
+# --------------------------------------------------------------------------- the audit
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "negative": -3, "nan": NAN, "bool": True}
+BAD_REALS = {"str": "1.0", "None": None, "negative": -1.0, "nan": NAN, "inf": float("inf"),
+             "bool": True}
+BAD_CHIPS = {"unknown": "tpu-v9", "list": ["h200"], "bytes": b"h200", "None": None}
+COUNTS = dict(flops=1.0, bytes_accessed=1.0, comm_bytes=1.0)
+#: (function, valid keyword arguments, integer arguments, real arguments, chip argument).
+CALLS = [
+    (roofline.Counts, COUNTS | dict(devices=8, converts=0), "devices converts",
+     "flops bytes_accessed comm_bytes", ""),
+    (roofline.Estimate, dict(chip="h200", flops=1, bytes_accessed=1, comm_bytes=1, compute_s=1,
+                             memory_s=1, comm_s=1, converts=0), "converts",
+     "flops bytes_accessed comm_bytes compute_s memory_s comm_s", ""),
+    (roofline.estimate, dict(work=WORK, chip="h200", byte_scale=0.5), "", "byte_scale", "chip"),
+    (roofline.comm_seconds, dict(work=WORK, chip="h200", byte_scale=0.5), "", "byte_scale",
+     "chip"),
+]
+AUDIT = [
+    pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+    for fn, valid, ints, reals, chip in CALLS
+    for args, bad in ((ints, BAD_INTS), (reals, BAD_REALS), (chip, BAD_CHIPS))
+    for arg in args.split() for tag, value in bad.items()
+]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_number_or_chip_names_its_argument(fn, valid, arg, value):
+    fn(**valid)
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {arg: value})
+
+
+@pytest.mark.parametrize("value", list(BAD_REALS.values()) + [0], ids=[*BAD_REALS, "zero"])
+def test_predict_refuses_a_bad_byte_scale_before_compiling(value):
+    with pytest.raises(InputError, match="byte_scale"):
+        roofline.predict(lambda a: a, jnp.ones(3), chip="h200", byte_scale=value)
+
+
+@pytest.mark.parametrize("value", list(BAD_CHIPS.values()), ids=list(BAD_CHIPS))
+def test_predict_refuses_a_bad_chip_before_compiling(value):
+    with pytest.raises(InputError, match="chip"):
+        roofline.predict(lambda a: a, jnp.ones(3), chip=value)

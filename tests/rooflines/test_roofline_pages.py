@@ -304,3 +304,46 @@ def test_the_parallelism_page_ranking_prices_tpu_lines():
             assert p.estimate.comm_s == pytest.approx(2 * q.estimate.comm_s)
     assert roofline_pages.first_places(lines) == "auto_dp_tp on 1, tp on 6"
     assert roofline_pages.first_places(rings) == "auto_dp_tp on 4, tp on 3"
+
+
+# --------------------------------------------------------------------------- the audit
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3, "nan": NAN,
+            "bool": True}
+BAD_NAMES = {"unknown": "zz", "list": ["dp"], "bytes": b"dp", "None": None, "array":
+             np.array(["dp", "tp"])}
+BAD_CHIPS = {"unknown": "tpu-v9", "letters": "h", "bytes": b"h200", "None": None, "dict":
+             {"h200": 1}, "set": {"h200", "b200"}, "list of unknown": ["h200", "zz"]}
+CALLS = [  # (function, valid keyword arguments, argument, its bad values)
+    (roofline_pages.strategy_counts, dict(name="dp", layer_sizes=SIZES, batch=BATCH), "batch",
+     BAD_INTS),
+    (roofline_pages.strategy_counts, dict(name="dp", layer_sizes=SIZES, batch=BATCH), "strategy",
+     BAD_NAMES),
+    (roofline_pages.how_many, dict(count=1, total=2), "total", BAD_INTS),
+    (roofline_pages.how_many, dict(count=1, total=2), "count",
+     {k: v for k, v in BAD_INTS.items() if k != "zero"}),
+    (roofline_pages.predict_strategies, dict(counts_by_name={"dp": roofline.Counts(1, 1, 1)},
+                                             chips="h200"), "chips", BAD_CHIPS),
+    (roofline_pages.plot_rooflines, dict(points={"x": (1.0, 1.0)}, chips="h200"), "chips",
+     BAD_CHIPS),
+]
+AUDIT = [pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+         for fn, valid, arg, bad in CALLS for tag, value in bad.items()]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_argument_is_named(fn, valid, arg, value):
+    import matplotlib.pyplot as plt
+
+    key = "name" if arg == "strategy" else arg
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {key: value})
+    plt.close("all")
+
+
+@pytest.mark.parametrize("chip", ["tpu-v9", ["h200"], b"h200", None, "H200"])
+def test_a_bad_chip_name_is_named(chip):
+    predictions = _predictions()
+    for fn in (roofline_pages.ranking, roofline_pages.prediction_rows):
+        with pytest.raises(InputError, match="chip"):
+            fn(predictions, chip)

@@ -236,3 +236,26 @@ def test_bytes_by_direction_refuses_a_ring_the_program_does_not_run_on():
     assert ring_costs.bytes_by_direction(ops, 2)["other"] > 0
     with pytest.raises(checks.InputError, match=r"ring=3, .* groups of \[2\] devices"):
         ring_costs.bytes_by_direction(ops, 3)
+
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3,
+            "nan": float("nan"), "bool": True}
+BOUND = dict(name="allgather", m=8, k=8, n=8, itemsize=4, ring=4)
+
+
+@pytest.mark.parametrize("arg", ["m", "k", "n", "itemsize", "ring"])
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_size_of_the_bound_is_named(arg, tag):
+    ring_costs.ring_bound_bytes(**BOUND)
+    with pytest.raises(checks.InputError, match=rf"\b{arg}\b"):
+        ring_costs.ring_bound_bytes(**BOUND | {arg: BAD_INTS[tag]})
+
+
+@pytest.mark.parametrize("fn", [ring_costs.ring_schedule, ring_costs.draw_ring],
+                         ids=["schedule", "draw"])
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_ring_is_named(fn, tag):
+    with pytest.raises(checks.InputError, match="ring"):
+        fn("allgather", BAD_INTS[tag])
+    with pytest.raises(checks.InputError, match="ring"):
+        ring_costs.bytes_by_direction([], BAD_INTS[tag])

@@ -123,3 +123,24 @@ def test_abstract_params_match_init_params():
     assert {a.dtype for a in jax.tree.leaves(bf16)} == {jnp.dtype("bfloat16")}
     with pytest.raises(InputTypeError, match="config"):
         pricing.abstract_params(SMALL)
+
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3,
+            "nan": float("nan"), "bool": True}
+SIZES = ["batch", *pricing.LM_CONFIG]
+
+
+@pytest.mark.parametrize("fn", [pricing.transformer_counts, pricing.transformer_big_arrays],
+                         ids=["counts", "big_arrays"])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_size_is_named_before_anything_compiles(fn, size, tag):
+    args = ("dp",) if fn is pricing.transformer_counts else ()
+    with pytest.raises(InputError, match=rf"\b{size}\b"):
+        fn(*args, **{size: BAD_INTS[tag]})
+
+
+@pytest.mark.parametrize("value", list(BAD_INTS.values()) + [3], ids=[*BAD_INTS, "three"])
+def test_a_bad_device_count_is_named(value):
+    with pytest.raises(InputError, match="n_devices"):
+        pricing.transformer_big_arrays(n_devices=value)
