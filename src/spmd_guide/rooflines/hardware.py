@@ -10,8 +10,14 @@ that prices a program on a chip reads :data:`CHIPS` (rooflines/parallelism,
 rooflines/transformer, serving/prefill_decode, checkpointing/resuming), through
 :mod:`spmd_guide.rooflines.roofline` or directly.
 
+Each chip also says how its fast links join the chips (``topology``: a 2D or 3D torus, or a
+GPU node's NVSwitch), and :func:`axis_wraps` turns that and an axis length into the answer
+the communication times need: does a collective along this axis run on a ring, or on a line
+without the wraparound link, which takes twice as long (:func:`topology_factor`)?
+
 A rate that is not a positive finite number, an entry without a source or a citation per rate,
-and a chip name that is not a whole key are refused with :mod:`spmd_guide.core.checks`'s
+a file that is not valid TOML (named in the error), and a chip name that is not a whole key
+are refused with :mod:`spmd_guide.core.checks`'s
 errors; NumPy strings and arrays of names are taken wherever Python ones are.
 """
 

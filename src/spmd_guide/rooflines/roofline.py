@@ -4,7 +4,13 @@ A step takes at least the largest of three times, each a count divided by a hard
 
 * **compute**: the program's FLOPs over the chip's peak dense bf16 FLOP/s;
 * **memory**: the bytes the program reads and writes in HBM over the HBM bandwidth;
-* **communication**: the bytes one device sends to others over the interconnect bandwidth.
+* **communication**: the bytes one device sends to others over the interconnect bandwidth,
+  each collective priced on the topology of its device group (on a TPU slice, an axis
+  without a wraparound link is a line: twice a ring's time; :func:`comm_seconds`).
+
+:func:`counts` also counts the program's float-to-float ``convert`` ops: a bfloat16 training
+step gains them on XLA:CPU and the cost analysis counts their bytes, which the
+:class:`Estimate` says (``converts``, ``note``).
 
 The counts come from the compiled program (XLA's cost analysis for FLOPs and bytes accessed,
 :func:`spmd_guide.core.hlo.communication_bytes` for the ring-model bytes sent); the rates come from
