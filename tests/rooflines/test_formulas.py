@@ -79,12 +79,14 @@ def test_ring_overlap_reaches_at_most_2n_minus_1_over_n():
         rows = formulas.ring_matmul_balance_rows(ways, "tpu-v5e")
         gains = []
         for m in np.geomspace(rows / 20, rows * 20, 81):
-            compute, comm = formulas.collective_matmul_times(round(m), 4096, 4096, ways, "tpu-v5e")
+            compute, comm = formulas.collective_matmul_times(
+                ways * round(m / ways), 4096, 4096, ways, "tpu-v5e")
             assert formulas.overlapped_time(compute, comm, ways=ways) == pytest.approx(
                 _ring_schedule(compute, comm, ways))
             gains.append(formulas.overlap_speedup(compute, comm, ways=ways))
         assert max(gains) == pytest.approx((2 * ways - 1) / ways, rel=1e-3)
-        compute, comm = formulas.collective_matmul_times(round(rows), 4096, 4096, ways, "tpu-v5e")
+        compute, comm = formulas.collective_matmul_times(ways * round(rows / ways), 4096, 4096, ways,
+                                                      "tpu-v5e")
         assert formulas.overlap_speedup(compute, comm, ways=ways) == pytest.approx(
             (2 * ways - 1) / ways, rel=1e-3)
         assert formulas.overlap_speedup(compute, comm) >= (2 * ways - 1) / ways * 0.999  # 2 streams
@@ -124,7 +126,7 @@ def test_parallelism_thresholds_balance_compute_and_communication():
     assert formulas.tp_max_ways(chip, math.ceil(f)) == 4
     assert formulas.tp_max_ways(chip, math.floor(f)) == 3
     rows = 3 * 2 * chip.comm_ridge / 2  # where compute meets communication on a 4-ring
-    compute, comm = formulas.collective_matmul_times(round(rows), 512, 1024, 4, chip)
+    compute, comm = formulas.collective_matmul_times(4 * round(rows / 4), 512, 1024, 4, chip)
     assert compute == pytest.approx(comm, rel=1e-3)
     assert formulas.overlap_speedup(1.0, 1.0) == 2 and formulas.overlap_speedup(3.0, 1.0) == pytest.approx(4 / 3)
     assert compute > 0 and comm > 0
@@ -176,7 +178,136 @@ NAN = float("nan")
     (lambda: formulas.tp_min_width("h200", 1), InputError, "n"),
     (lambda: formulas.overlap_speedup(0, 0), InputError, "nothing"),
     (lambda: formulas.mlp_matmul_flops([8], 4), InputError, "layer_sizes"),
+    # Sizes the formula splits must split evenly (review: 100 rows over 8 chips was priced).
+    (lambda: formulas.collective_matmul_times(100, 64, 64, 8, "h100-sxm"), InputError,
+     r"m \(rows of the left-hand side\) is 100, .* 8 equal parts"),
+    (lambda: formulas.collective_matmul_times(64, 60, 64, 8, "h100-sxm"), InputError,
+     r"k \(rows of the right-hand side\) is 60, .* 8 equal parts"),
+    (lambda: formulas.collective_matmul_times(8, 8, 8, True, "h200"), InputTypeError, "ways"),
+    (lambda: formulas.collective_matmul_times(8, 8, 8, 4, "h200", slice_chips=2), InputError,
+     "slice_chips"),
+    (lambda: formulas.ring_time(True, 8, "h200"), InputTypeError, "buffer_bytes"),
+    (lambda: formulas.ring_time(1e6, 10**9, "h200"), InputError, "n must be at most"),
+    (lambda: formulas.ring_time(1e6, 8, "tpu-v5e", slice_chips=4), InputError, "slice_chips=4"),
+    (lambda: formulas.ring_time(1e6, 4, "tpu-v5e", slice_chips="8"), InputTypeError, "slice_chips"),
+    (lambda: formulas.ring_time(1e6, 4, "tpu-v5e", slice_chips=8, link="network"), InputError,
+     "slice_chips=8 applies to link='interconnect'"),
+    (lambda: formulas.ring_time(1e6, 4, ["tpu-v5e"]), InputTypeError, "chip"),
+    (lambda: formulas.dp_critical_batch("h200", group=8), InputError, "group=8"),
+    (lambda: formulas.dp_critical_batch("h200", n=True), InputTypeError, "n"),
+    (lambda: formulas.dp_critical_batch("h200", link=["network"]), InputTypeError, "link"),
+    (lambda: formulas.dp_critical_batch("h200", slice_chips=8), InputError, "needs n="),
+    (lambda: formulas.fsdp_critical_batch("h200", phase=["forward"]), InputTypeError, "phase"),
+    (lambda: formulas.fsdp_critical_batch("tpu-v4", n=4, slice_chips=0), InputError, "slice_chips"),
+    (lambda: formulas.tp_min_width("tpu-v4", 16, slice_chips=8), InputError, "slice_chips=8"),
+    (lambda: formulas.tp_max_ways("tpu-v4", 8192, slice_chips=False), InputTypeError, "slice_chips"),
+    (lambda: formulas.ring_matmul_balance_rows(4, "tpu-v4", slice_chips=2), InputError, "slice_chips"),
+    (lambda: formulas.mlp_matmul_flops("512", 8), InputTypeError, "layer_sizes"),
+    (lambda: formulas.mlp_matmul_flops({4: 4, 5: 5}, 8), InputTypeError, "layer_sizes"),
+    (lambda: formulas.critical_batch("h200", d=True, f=8), InputTypeError, "d"),
+    (lambda: formulas.overlapped_time(True, 1.0), InputTypeError, "compute_s"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def test_a_tpu_axis_without_wraparound_takes_twice_the_ring():
+    """Review B2: on an 8-chip slice (2x4, 2x2x2) a 2- or 4-chip axis is a line; the scaling
+    book: no wraparounds "typically doubles the time of most communication"."""
+    for chip in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"):
+        ring = formulas.ring_time(1e6, 4, chip)  # the 4 chips of a 2x2 slice: a cycle
+        assert formulas.ring_time(1e6, 4, chip, slice_chips=8) == pytest.approx(2 * ring)
+        assert formulas.ring_time(1e6, 8, chip, slice_chips=8) == \
+            formulas.ring_time(1e6, 8, chip)  # all 8: a Hamiltonian cycle, the ring's price
+        assert formulas.ring_time(1e6, 4, chip, link="network") == pytest.approx(
+            3 / 4 * 1e6 / hardware.CHIPS[chip].network_bandwidth)
+        assert formulas.tp_min_width(chip, 4, slice_chips=8) == pytest.approx(
+            2 * formulas.tp_min_width(chip, 4))
+        assert formulas.dp_critical_batch(chip, n=4, slice_chips=8) == pytest.approx(
+            2 * formulas.dp_critical_batch(chip, n=4))
+        assert formulas.fsdp_critical_batch(chip, n=4, slice_chips=8) == pytest.approx(
+            2 * formulas.fsdp_critical_batch(chip, n=4))
+        assert formulas.ring_matmul_balance_rows(4, chip, slice_chips=8) == pytest.approx(
+            2 * formulas.ring_matmul_balance_rows(4, chip))
+        c, m = formulas.collective_matmul_times(64, 64, 64, 4, chip)
+        c8, m8 = formulas.collective_matmul_times(64, 64, 64, 4, chip, slice_chips=8)
+        assert (c8, m8) == (c, pytest.approx(2 * m))
+    for chip in ("h100-sxm", "h200", "b200"):  # NVSwitch: any group of a node is priced alike
+        assert formulas.ring_time(1e6, 4, chip, slice_chips=8) == formulas.ring_time(1e6, 4, chip)
+
+
+def test_tp_max_ways_in_a_slice_picks_a_length_that_divides_it():
+    width = math.ceil(formulas.tp_min_width("tpu-v5p", 8))
+    assert formulas.tp_max_ways("tpu-v5p", width, slice_chips=8) == 8  # a ring
+    # 4 of 8 is a line: it needs twice the width 4 needs on a ring.
+    four = formulas.tp_min_width("tpu-v5p", 4, slice_chips=8)
+    assert four == pytest.approx(2 * formulas.tp_min_width("tpu-v5p", 4))
+    assert formulas.tp_max_ways("tpu-v5p", math.ceil(four), slice_chips=8) == 4
+    assert formulas.tp_max_ways("tpu-v5p", 10, slice_chips=8) == 1
+    assert formulas.tp_max_ways("h100-sxm", width, slice_chips=8) == \
+        min(8, formulas.tp_max_ways("h100-sxm", width))
+
+
+# --------------------------------------------------------------------------- the audit
+# Every integer and real argument of every formula, given each mistake a user makes (a
+# string, a float, None, zero, a negative, NaN, infinity, a bool): InputError naming it.
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3, "nan": NAN,
+            "bool": True}
+BAD_REALS = {"str": "1.0", "None": None, "negative": -1.0, "nan": NAN, "inf": float("inf"),
+             "bool": True}
+#: (function, valid keyword arguments, integer arguments, real arguments, optional ones:
+#: None is valid there).
+FORMULAS = [
+    (formulas.matmul_intensity, dict(m=8, k=8, n=8), "m k n", "bytes_per_element", ""),
+    (formulas.critical_batch, dict(chip="h200", d=8, f=8), "d f", "bytes_per_element", "d f"),
+    (formulas.ring_time, dict(buffer_bytes=1e6, n=4, chip="tpu-v5e", slice_chips=8),
+     "n slice_chips", "buffer_bytes", "slice_chips"),
+    (formulas.dp_critical_batch, dict(chip="h200", n=8, link="network", group=8), "n group",
+     "bytes_per_element", "n"),
+    (formulas.fsdp_critical_batch, dict(chip="tpu-v5e", n=4, gathers=1, slice_chips=8),
+     "n gathers slice_chips", "bytes_per_element", "n slice_chips"),
+    (formulas.tp_min_width, dict(chip="h200", n=4, slice_chips=8), "n slice_chips",
+     "bytes_per_element", "slice_chips"),
+    (formulas.tp_max_ways, dict(chip="h200", width=8192, slice_chips=8), "width slice_chips",
+     "bytes_per_element", "slice_chips"),
+    (formulas.overlapped_time, dict(compute_s=1.0, comm_s=1.0, ways=4), "ways",
+     "compute_s comm_s", "ways"),
+    (formulas.overlap_speedup, dict(compute_s=1.0, comm_s=1.0, ways=4), "ways",
+     "compute_s comm_s", "ways"),
+    (formulas.ring_matmul_balance_rows, dict(ways=4, chip="h200", slice_chips=8),
+     "ways slice_chips", "bytes_per_element", "slice_chips"),
+    (formulas.collective_matmul_times, dict(m=64, k=64, n=64, ways=4, chip="h200",
+                                            slice_chips=8),
+     "m k n ways slice_chips", "bytes_per_element", "slice_chips"),
+    (formulas.mlp_matmul_flops, dict(layer_sizes=[8, 8], batch=4), "batch", "", ""),
+    (formulas.mlp_elementwise_flops, dict(layer_sizes=[8, 8], batch=4), "batch", "", ""),
+    (hardware.axis_wraps, dict(chip="tpu-v5e", axis_length=4, slice_chips=8),
+     "axis_length slice_chips", "", "slice_chips"),
+    (hardware.topology_factor, dict(chip="tpu-v5e", axis_length=4, slice_chips=8),
+     "axis_length slice_chips", "", "slice_chips"),
+]
+AUDIT = [
+    pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+    for fn, valid, ints, reals, optional in FORMULAS
+    for args, bad in ((ints, BAD_INTS), (reals, BAD_REALS))
+    for arg in args.split()
+    for tag, value in bad.items()
+    if not (value is None and arg in optional.split())
+] + [
+    pytest.param(fn, valid, "chip", value, id=f"{fn.__name__}-chip-{tag}")
+    for fn, valid, *_ in FORMULAS if "chip" in valid
+    for tag, value in {"unknown": "tpu-v9", "list": ["h200"], "bytes": b"h200",
+                       "None": None}.items()
+]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_number_or_chip_names_its_argument(fn, valid, arg, value):
+    fn(**valid)  # the valid call answers
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {arg: value})

@@ -19,9 +19,10 @@ def test_every_required_chip_is_listed_with_a_source():
         assert chip.source.split()[0].startswith("https://"), key
         assert chip.read_via and chip.date_read.count("-") == 2
         assert chip.interconnect and chip.network
-        assert set(chip.cite) == set(hardware.UNITS), key  # every rate cites its figure
+        assert set(chip.cite) == set(hardware.CITED), key  # every rate cites its figure
         assert all(len(text) > 20 for text in chip.cite.values()), key
-        assert [row["rate"] for row in chip.citations()] == list(hardware.UNITS)
+        assert [row["rate"] for row in chip.citations()] == list(hardware.CITED)
+        assert chip.topology in hardware.TOPOLOGIES
 
 
 @pytest.mark.parametrize("key", sorted(REQUIRED))
@@ -65,6 +66,7 @@ interconnect_bandwidth = 1e11
 interconnect = "links"
 network_bandwidth = 1e10
 network = "dcn"
+topology = "switch"
 source = "https://example.org"
 read_via = "a copy"
 date_read = "2026-11-23"
@@ -75,6 +77,7 @@ hbm_bytes = "c"
 hbm_bandwidth = "b"
 interconnect_bandwidth = "i"
 network_bandwidth = "n"
+topology = "t"
 """
 
 
@@ -127,6 +130,7 @@ def test_numpy_names_work_wherever_python_ones_do():
     (lambda: hardware.get_chip("h"), InputError, "unknown chip 'h'"),
     (lambda: hardware.get_chips([]), InputError, "empty"),
     (lambda: hardware.get_chips({"h200": 1}), InputTypeError, "chips"),
+    (lambda: hardware.get_chips({"h200", "b200"}), InputTypeError, "a set has no order"),
     (lambda: hardware.get_chips(["h200", "nope"]), InputError, "nope"),
     (lambda: hardware.load_chips(5), InputTypeError, "path"),
     (lambda: hardware.get_chip("tpu-v9"), InputError, "tpu-v5e"),
@@ -134,5 +138,88 @@ def test_numpy_names_work_wherever_python_ones_do():
     (lambda: hardware.load_chips("no/such/chips.toml"), InputError, "chips.toml"),
 ])
 def test_bad_input(call, error, word):
+    with pytest.raises(error, match=word):
+        call()
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@pytest.mark.parametrize("chip, axis, slice_chips, wraps", [
+    ("tpu-v5e", 8, 8, True),     # all 8 chips of a 2x4: a cycle through every chip
+    ("tpu-v5e", 4, 8, False),    # the long axis of a 2x4 has no wraparound link
+    ("tpu-v5e", 2, 8, False),
+    ("tpu-v6e", 4, None, True),  # a 2x2 slice of its own: a cycle of 4
+    ("tpu-v6e", 16, 256, True),  # a full axis of a 16x16 pod wraps
+    ("tpu-v6e", 8, 128, False),  # the short axis of an 8x16 does not
+    ("tpu-v4", 8, 8, True),      # the 2x2x2 cube: a cycle through its 8 chips
+    ("tpu-v4", 4, 8, False),
+    ("tpu-v5p", 2, 8, False),
+    ("tpu-v5p", 2, None, False),  # two chips joined by one link: a line
+    ("tpu-v5p", 4, 64, True),    # a 4x4x4 cube has its optical wraparounds
+    ("tpu-v5p", 4, 16, False),   # a 2x2x4 has none
+    ("h100-sxm", 2, 8, True),    # NVSwitch: every GPU to every other
+    ("b200", 4, 8, True),
+    ("h200", 1, 8, True),
+])
+def test_which_axes_are_rings(chip, axis, slice_chips, wraps):
+    assert hardware.axis_wraps(chip, axis, slice_chips=slice_chips) is wraps
+    assert hardware.topology_factor(chip, axis, slice_chips=slice_chips) == (1 if wraps else 2)
+
+
+def test_every_chip_says_how_its_links_join_and_where_that_was_read():
+    for chip in hardware.CHIPS.values():
+        source = chip.cite["topology"]
+        if chip.topology == "switch":
+            assert "NVSwitch" in source and chip.key[0] in "hb"
+        else:
+            assert chip.key.startswith("tpu") and "tpus.md" in source
+            assert "doubles the time of most communication" in source  # the book's words
+            shape = "x".join(map(str, hardware.SLICE_OF_8[chip.topology]))
+            assert f"The 8-chip slice is {shape}" in source
+
+
+@pytest.mark.parametrize("text, word", [
+    ("[chip.x\nname = 1\n", "not valid TOML"),
+    ("chip = 3\n", "must be a table"),
+    ("[chip]\nx = 3\n", "chip 'x' must be a"),
+    (GOOD.replace('topology = "switch"', 'topology = "ring"'), "topology"),
+    (GOOD.replace('topology = "t"\n', ""), "cite"),
+])
+def test_a_malformed_chips_file_is_named_in_the_error(tmp_path, text, word):
+    path = _write(tmp_path, text)
+    with pytest.raises(InputError, match=word) as info:
+        hardware.load_chips(path)
+    assert str(path) in str(info.value)
+
+
+def test_an_unreadable_chips_file_is_named_in_the_error(tmp_path):
+    path = tmp_path / "chips.toml"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InputError, match="cannot read") as info:
+        hardware.load_chips(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("call, error, word", [
+    (lambda: hardware.axis_wraps("tpu-v5e", 0), InputError, "axis_length"),
+    (lambda: hardware.axis_wraps("tpu-v5e", True), InputTypeError, "axis_length"),
+    (lambda: hardware.axis_wraps("tpu-v5e", "4"), InputTypeError, "axis_length"),
+    (lambda: hardware.axis_wraps("tpu-v5e", 4.0), InputTypeError, "axis_length"),
+    (lambda: hardware.axis_wraps("tpu-v5e", 8, slice_chips=4), InputError, "slice_chips=4"),
+    (lambda: hardware.axis_wraps("tpu-v5e", 4, slice_chips=True), InputTypeError, "slice_chips"),
+    (lambda: hardware.axis_wraps("tpu-v5e", 4, slice_chips=10**6), InputError, "slice_chips"),
+    (lambda: hardware.axis_wraps("tpu-v9", 4), InputError, "unknown chip 'tpu-v9'"),
+    (lambda: hardware.axis_wraps(["tpu-v5e"], 4), InputTypeError, "chip"),
+    (lambda: hardware.topology_factor("h200", -2), InputError, "axis_length"),
+    (lambda: hardware.get_chip(b"h200"), InputTypeError, "chip"),
+    (lambda: hardware.get_chips({"h200": 1}), InputTypeError, "chips"),
+    (lambda: hardware.get_chips({"h200", "b200"}), InputTypeError, "a set has no order"),
+    (lambda: hardware.get_chips(["h200", "h9"]), InputError, "an entry of chips"),
+    (lambda: hardware.load_chips(b"/x"), InputTypeError, "path"),
+    (lambda: hardware.load_chips("/nonexistent/chips.toml"), InputError, "not a file"),
+    (lambda: hardware.CHIPS["h200"].link_bandwidth(["network"]), InputTypeError, "link"),
+])
+def test_bad_input_names_the_argument(call, error, word):
     with pytest.raises(error, match=word):
         call()

@@ -122,7 +122,138 @@ WORK = roofline.Counts(1e9, 1e6, 1e6)
     (lambda: roofline.predict("f", jnp.ones(3), chip="h200"), InputTypeError, "fn"),
     (lambda: roofline.estimate(roofline.Counts(1, 1, 1), "h200", link="pcie"), InputError, "link"),
     (lambda: roofline.estimate(roofline.Counts(1, 1, 1), "h200", byte_scale=-1), InputError, "byte_scale"),
+    (lambda: roofline.estimate(WORK, "h200", topology=1), InputTypeError, "topology"),
+    (lambda: roofline.comm_seconds(WORK, "h200", topology="no"), InputTypeError, "topology"),
+    (lambda: roofline.comm_seconds(3.0, "h200"), InputTypeError, "Counts"),
+    (lambda: roofline.predict(lambda a: a, jnp.ones(3), chip="h200", topology=None),
+     InputTypeError, "topology"),
+    (lambda: roofline.predict(lambda a: a, jnp.ones(3), chip=["h200"]), InputTypeError, "chip"),
+    (lambda: roofline.predict(None, chip="h200"), InputTypeError, "fn"),
+    (lambda: roofline.Counts(1, 1, 1, sent_by_group={"4": 1}, devices=8), InputTypeError,
+     "group size"),
+    (lambda: roofline.Counts(1, 1, 1, sent_by_group={4: 1}), InputError, "devices="),
+    (lambda: roofline.Counts(1, 1, 1, sent_by_group={16: 1}, devices=8), InputError,
+     "at most 8"),
+    (lambda: roofline.Counts(1, 1, 1, sent_by_group={4: 5}, devices=8), InputError,
+     "more than comm_bytes"),
+    (lambda: roofline.Counts(1, 1, 1, sent_by_group=[4], devices=8), InputTypeError,
+     "sent_by_group"),
+    (lambda: roofline.Counts(1, 1, 1, devices=True), InputTypeError, "devices"),
+    (lambda: roofline.Counts(1, 1, 1, converts=-1), InputError, "converts"),
+    (lambda: roofline.Estimate("h200", 1, 1, 1, 1, 1, 1, converts=0.5), InputTypeError,
+     "converts"),
+    (lambda: roofline.counts(lambda a: a, "x"), InputTypeError, "arrays"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+# --------------------------------------------------------------------------- topology
+
+
+def test_a_two_axis_program_prices_its_short_axes_as_tpu_lines():
+    """Review B2: counts read each collective's device group from the compiled program; on an
+    8-chip TPU slice a 2- or 4-chip axis is a line (twice the ring's time), on a GPU node
+    every group gets the ring's price."""
+    mesh = mesh_of(8, ("a", "b"), (4, 2))
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("a", "b")))
+    gather_a = jax.jit(lambda v: v * 2, out_shardings=NamedSharding(mesh, P(None, "b")))
+    work = roofline.counts(gather_a, x)
+    assert work.devices == 8 and set(work.sent_by_group) == {4}
+    assert work.sent_by_group[4] == work.comm_bytes > 0
+    for chip in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"):
+        line = roofline.estimate(work, chip)
+        ring = roofline.estimate(work, chip, topology=False)
+        assert line.comm_s == pytest.approx(2 * ring.comm_s)
+        assert ring.comm_s == pytest.approx(work.comm_bytes / hardware.CHIPS[chip].interconnect_bandwidth)
+        assert roofline.estimate(work, chip, link="network").comm_s == pytest.approx(
+            work.comm_bytes / hardware.CHIPS[chip].network_bandwidth)  # not a torus axis
+    assert roofline.estimate(work, "h100-sxm").comm_s == \
+        roofline.estimate(work, "h100-sxm", topology=False).comm_s
+    line8 = mesh_of(8)
+    x8 = jax.device_put(jnp.ones((64, 32)), NamedSharding(line8, P("x")))
+    whole = roofline.counts(jax.jit(lambda v: v * 2, out_shardings=NamedSharding(line8, P())), x8)
+    assert set(whole.sent_by_group) == {8}  # all 8 chips: a cycle through the slice, a ring
+    assert roofline.estimate(whole, "tpu-v5e").comm_s == \
+        roofline.estimate(whole, "tpu-v5e", topology=False).comm_s
+
+
+def test_hand_made_counts_keep_the_ring_price():
+    """Counts built by hand (serving.costs does) carry no groups: every byte at the ring."""
+    work = roofline.Counts(1e9, 1e6, 1e6)
+    assert roofline.estimate(work, "tpu-v5e").comm_s == 1e6 / 9e10
+    grouped = roofline.Counts(1e9, 1e6, 1e6, sent_by_group={2: 4e5}, devices=8)
+    assert roofline.estimate(grouped, "tpu-v5e").comm_s == pytest.approx((6e5 + 2 * 4e5) / 9e10)
+
+
+# --------------------------------------------------------------------------- bfloat16
+
+
+def _bf16(tree):
+    return jax.tree.map(lambda a: a.astype(jnp.bfloat16), tree)
+
+
+def test_a_bf16_matmul_is_native_and_a_bf16_training_step_gains_conversions():
+    """Review B1 (JAX 0.12, XLA:CPU): a bf16 matmul compiles with no convert and its ideal
+    bytes; the bf16 MLP step gains float converts, and the cost analysis counts their bytes
+    (more than the float32 step's, where bf16 should move half). The estimate says so."""
+    m, k, n = 64, 128, 256
+    mm = roofline.counts(lambda a, b: a @ b, *_bf16((jnp.ones((m, k)), jnp.ones((k, n)))))
+    assert mm.converts == 0 and mm.bytes_accessed == 2 * (m * k + k * n + m * n)
+    params = nn.init_mlp(jax.random.key(0), [64, 128, 64])
+    batch = (jnp.ones((32, 64)), jnp.ones((32, 64)))
+    step = jax.value_and_grad(nn.mlp_loss)
+    f32, bf16 = roofline.counts(step, params, batch), roofline.counts(step, *_bf16((params, batch)))
+    assert f32.converts == 0 and bf16.converts > 0
+    assert bf16.bytes_accessed > f32.bytes_accessed
+    assert roofline.estimate(f32, "h200").note == ""
+    note = roofline.predict(step, *_bf16((params, batch)), chip="h200").note
+    assert f"{bf16.converts} time(s)" in note and "byte_scale=0.5" in note
+    # int -> float converts are not counted: only float <-> float.
+    assert roofline.counts(lambda i: i.astype(jnp.float32) * 2, jnp.arange(8)).converts == 0
+
+
+# --------------------------------------------------------------------------- the audit
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "negative": -3, "nan": NAN, "bool": True}
+BAD_REALS = {"str": "1.0", "None": None, "negative": -1.0, "nan": NAN, "inf": float("inf"),
+             "bool": True}
+BAD_CHIPS = {"unknown": "tpu-v9", "list": ["h200"], "bytes": b"h200", "None": None}
+COUNTS = dict(flops=1.0, bytes_accessed=1.0, comm_bytes=1.0)
+#: (function, valid keyword arguments, integer arguments, real arguments, chip argument).
+CALLS = [
+    (roofline.Counts, COUNTS | dict(devices=8, converts=0), "devices converts",
+     "flops bytes_accessed comm_bytes", ""),
+    (roofline.Estimate, dict(chip="h200", flops=1, bytes_accessed=1, comm_bytes=1, compute_s=1,
+                             memory_s=1, comm_s=1, converts=0), "converts",
+     "flops bytes_accessed comm_bytes compute_s memory_s comm_s", ""),
+    (roofline.estimate, dict(work=WORK, chip="h200", byte_scale=0.5), "", "byte_scale", "chip"),
+    (roofline.comm_seconds, dict(work=WORK, chip="h200", byte_scale=0.5), "", "byte_scale",
+     "chip"),
+]
+AUDIT = [
+    pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+    for fn, valid, ints, reals, chip in CALLS
+    for args, bad in ((ints, BAD_INTS), (reals, BAD_REALS), (chip, BAD_CHIPS))
+    for arg in args.split() for tag, value in bad.items()
+]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_number_or_chip_names_its_argument(fn, valid, arg, value):
+    fn(**valid)
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {arg: value})
+
+
+@pytest.mark.parametrize("value", list(BAD_REALS.values()) + [0], ids=[*BAD_REALS, "zero"])
+def test_predict_refuses_a_bad_byte_scale_before_compiling(value):
+    with pytest.raises(InputError, match="byte_scale"):
+        roofline.predict(lambda a: a, jnp.ones(3), chip="h200", byte_scale=value)
+
+
+@pytest.mark.parametrize("value", list(BAD_CHIPS.values()), ids=list(BAD_CHIPS))
+def test_predict_refuses_a_bad_chip_before_compiling(value):
+    with pytest.raises(InputError, match="chip"):
+        roofline.predict(lambda a: a, jnp.ones(3), chip=value)

@@ -98,6 +98,8 @@ def test_worked_problems_answers():
     assert answers["matmul_batch"] == pytest.approx(250, abs=1)
     assert answers["dp_nvlink"] == pytest.approx(7 / 8 * 9.89e14 / 4.5e11)
     assert answers["dp_network"] == pytest.approx(9.89e14 / 5e10 / 8)  # NIC: 1/8 of the gradient
+    network = next(p for p in roofline_pages.problems() if p.key == "dp_network")
+    assert "flat" in network.answer and "every library" not in network.answer  # review B6
     assert answers["fsdp_fit"] == 7
     assert answers["train_step"] == pytest.approx(6 * 7e9 * 1e6 / (256 * 4.59e14))
     assert answers["tp_ways"] == 12
@@ -125,9 +127,12 @@ def test_chip_for_device_kinds():
     assert roofline_pages.chip_for(Fake("NVIDIA H100 80GB HBM3")) == "h100-sxm"
     assert roofline_pages.chip_for(Fake("TPU v5 lite")) == "tpu-v5e"
     assert roofline_pages.chip_for(Fake("TPU v5p")) == "tpu-v5p"
+    assert roofline_pages.chip_for(Fake("NVIDIA B200")) == "b200"
     assert roofline_pages.chip_for(Fake("cpu")) is None
     # Variants with other rates than the file's (review N4) are not priced as the SXM.
-    for kind in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GH200 480GB"):
+    # Review B5: a GB200's B200 runs at 2,500 dense bf16 TFLOP/s, not the HGX B200's 2,250.
+    for kind in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GH200 480GB",
+                 "NVIDIA GB200"):
         assert roofline_pages.chip_for(Fake(kind)) is None, kind
     assert roofline_pages.chip_for(jax.devices()[0]) is None  # a CPU here
 
@@ -200,6 +205,22 @@ def _predictions():
                                         marks={"m": NAN}), InputError, "marks"),
     (lambda: roofline_pages.plot_predictions([]), InputTypeError, "predictions"),
     (lambda: roofline_pages.plot_predictions(_predictions()[:3]), InputError, "missing"),
+    (lambda: roofline_pages.predict_strategies({"dp": roofline.Counts(1, 1, 1)}, topology="no"),
+     InputTypeError, "topology"),
+    (lambda: roofline_pages.first_places("dp"), InputTypeError, "predictions"),
+    (lambda: roofline_pages.first_places([]), InputTypeError, "predictions"),
+    (lambda: roofline_pages.plot_rooflines({"x": (1.0, NAN)}), InputError, "FLOPs"),
+    (lambda: roofline_pages.plot_rooflines({"x": (1.0, "a")}), InputTypeError, "FLOPs"),
+    (lambda: roofline_pages.plot_curves([1, 2], {1: [1, 2]}, xlabel="x", ylabel="y"),
+     InputTypeError, "label of curves"),
+    (lambda: roofline_pages.plot_curves([], {"a": []}, xlabel="x", ylabel="y"), InputError,
+     "at least 2"),
+    (lambda: roofline_pages.plot_curves([1, 2], {"a": [1, 2]}, xlabel="x", ylabel="y",
+                                        xticks="24"), InputTypeError, "xticks"),
+    (lambda: roofline_pages.how_many(True, 7), InputTypeError, "count"),
+    (lambda: roofline_pages.Problem("k", "q?", "a", True), InputTypeError, "value"),
+    (lambda: roofline_pages.strategy_counts("tp", layer_sizes=(64, 63, 64), batch=8),
+     InputError, "63"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
@@ -257,3 +278,72 @@ def test_how_many_words_a_count():
     assert roofline_pages.how_many(np.int64(5), 7) == "5 of the 7"
     with pytest.raises(InputError, match="count"):
         roofline_pages.how_many(8, 7)
+
+
+def test_the_parallelism_page_ranking_prices_tpu_lines():
+    """Review B2, on the page's MLP and 8 devices: auto_dp_tp sends the fewest bytes, but its
+    collectives run over 2- and 4-chip groups, lines on an 8-chip TPU slice (twice a ring's
+    time); priced so, tp (whose collectives span all 8 chips) is first on every TPU, while
+    pricing every axis as a ring puts auto_dp_tp first on some of them. GPUs keep the ring."""
+    names = ("tp", "auto_dp_tp", "auto_2d", "auto_dp", "dp")
+    work = {n: roofline_pages.strategy_counts(n) for n in names}
+    assert min(names, key=lambda n: work[n].comm_bytes) == "auto_dp_tp"
+    assert set(work["auto_dp_tp"].sent_by_group) == {2, 4}
+    assert set(work["auto_2d"].sent_by_group) == {2, 4}
+    assert all(set(work[n].sent_by_group) == {8} for n in ("tp", "auto_dp", "dp"))
+    lines = roofline_pages.predict_strategies(work)
+    rings = roofline_pages.predict_strategies(work, topology=False)
+    tpus = [k for k, c in hardware.CHIPS.items() if c.topology != "switch"]
+    assert {roofline_pages.ranking(lines, k)[0] for k in tpus} == {"tp"}
+    assert "auto_dp_tp" in {roofline_pages.ranking(rings, k)[0] for k in tpus}
+    for p, q in zip(lines, rings, strict=True):
+        assert p.estimate.comm_s >= q.estimate.comm_s
+        if hardware.CHIPS[p.chip].topology == "switch" or p.strategy in ("tp", "auto_dp", "dp"):
+            assert p.estimate.comm_s == q.estimate.comm_s
+        else:
+            assert p.estimate.comm_s == pytest.approx(2 * q.estimate.comm_s)
+    assert roofline_pages.first_places(lines) == "auto_dp_tp on 1, tp on 6"
+    assert roofline_pages.first_places(rings) == "auto_dp_tp on 4, tp on 3"
+
+
+# --------------------------------------------------------------------------- the audit
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3, "nan": NAN,
+            "bool": True}
+BAD_NAMES = {"unknown": "zz", "list": ["dp"], "bytes": b"dp", "None": None, "array":
+             np.array(["dp", "tp"])}
+BAD_CHIPS = {"unknown": "tpu-v9", "letters": "h", "bytes": b"h200", "None": None, "dict":
+             {"h200": 1}, "set": {"h200", "b200"}, "list of unknown": ["h200", "zz"]}
+CALLS = [  # (function, valid keyword arguments, argument, its bad values)
+    (roofline_pages.strategy_counts, dict(name="dp", layer_sizes=SIZES, batch=BATCH), "batch",
+     BAD_INTS),
+    (roofline_pages.strategy_counts, dict(name="dp", layer_sizes=SIZES, batch=BATCH), "strategy",
+     BAD_NAMES),
+    (roofline_pages.how_many, dict(count=1, total=2), "total", BAD_INTS),
+    (roofline_pages.how_many, dict(count=1, total=2), "count",
+     {k: v for k, v in BAD_INTS.items() if k != "zero"}),
+    (roofline_pages.predict_strategies, dict(counts_by_name={"dp": roofline.Counts(1, 1, 1)},
+                                             chips="h200"), "chips", BAD_CHIPS),
+    (roofline_pages.plot_rooflines, dict(points={"x": (1.0, 1.0)}, chips="h200"), "chips",
+     BAD_CHIPS),
+]
+AUDIT = [pytest.param(fn, valid, arg, value, id=f"{fn.__name__}-{arg}-{tag}")
+         for fn, valid, arg, bad in CALLS for tag, value in bad.items()]
+
+
+@pytest.mark.parametrize("fn, valid, arg, value", AUDIT)
+def test_every_bad_argument_is_named(fn, valid, arg, value):
+    import matplotlib.pyplot as plt
+
+    key = "name" if arg == "strategy" else arg
+    with pytest.raises(InputError, match=rf"\b{arg}\b"):
+        fn(**valid | {key: value})
+    plt.close("all")
+
+
+@pytest.mark.parametrize("chip", ["tpu-v9", ["h200"], b"h200", None, "H200"])
+def test_a_bad_chip_name_is_named(chip):
+    predictions = _predictions()
+    for fn in (roofline_pages.ranking, roofline_pages.prediction_rows):
+        with pytest.raises(InputError, match="chip"):
+            fn(predictions, chip)

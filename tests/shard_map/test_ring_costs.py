@@ -105,6 +105,27 @@ BAD_INPUT = [
      "compile_variant"),
     ("summed_at_end of None", lambda: ring_costs.summed_at_end(None), checks.InputTypeError,
      "compile_variant"),
+    # Shapes the variant cannot split: the bound of a matmul that cannot run is refused.
+    ("bound: k over the ring", lambda: ring_costs.ring_bound_bytes("allgather", 8, 10, 8, 4, 4),
+     checks.InputError, r"k \(rows of rhs\) is 10, .* 4 equal parts"),
+    ("bound: m over the ring", lambda: ring_costs.ring_bound_bytes(
+        "reduce_scatter", 10, 8, 8, 4, 4), checks.InputError, r"m \(rows of lhs\) is 10"),
+    ("bound: bidi blocks", lambda: ring_costs.ring_bound_bytes(
+        "allgather_bidi", 8, 12, 8, 4, 4), checks.InputError, "8 equal parts"),
+    ("bound: itemsize 3", lambda: ring_costs.ring_bound_bytes("allgather", 8, 8, 8, 3, 4),
+     checks.InputError, "itemsize"),
+    ("bound: ring huge", lambda: ring_costs.ring_bound_bytes("allgather", 8, 8, 8, 4, 10**6),
+     checks.InputError, "ring must be at most"),
+    ("bound: itemsize bool", lambda: ring_costs.ring_bound_bytes("allgather", 8, 8, 8, True, 4),
+     checks.InputTypeError, "itemsize"),
+    ("schedule: ring too long to draw", lambda: ring_costs.ring_schedule("allgather", 10**6),
+     checks.InputError, "ring must be at most"),
+    ("schedule: name a list", lambda: ring_costs.ring_schedule(["allgather"], 4),
+     checks.InputError, "unknown collective matmul"),
+    ("draw_ring ring 0", lambda: ring_costs.draw_ring("allgather", 0), checks.InputError,
+     "ring"),
+    ("words bool", lambda: ring_costs.amounts_in_words({"a": True}), checks.InputTypeError,
+     "named"),
 ]
 
 
@@ -205,3 +226,36 @@ def test_amounts_in_words_says_equal_amounts_once():
         ring_costs.amounts_in_words({})
     with pytest.raises(checks.InputError):
         ring_costs.amounts_in_words({"a": -1})
+
+
+def test_bytes_by_direction_refuses_a_ring_the_program_does_not_run_on():
+    """A program whose all-gather runs over 2 devices, asked about a ring of 3: before, every
+    byte was counted as 'other' for the ring of 3."""
+    x = np.ones((8, 8), np.float32)
+    ops = hlo.collectives(ring_costs.compile_variant("allgather", x, x, mesh_of(2), "x").program)
+    assert ring_costs.bytes_by_direction(ops, 2)["other"] > 0
+    with pytest.raises(checks.InputError, match=r"ring=3, .* groups of \[2\] devices"):
+        ring_costs.bytes_by_direction(ops, 3)
+
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3,
+            "nan": float("nan"), "bool": True}
+BOUND = dict(name="allgather", m=8, k=8, n=8, itemsize=4, ring=4)
+
+
+@pytest.mark.parametrize("arg", ["m", "k", "n", "itemsize", "ring"])
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_size_of_the_bound_is_named(arg, tag):
+    ring_costs.ring_bound_bytes(**BOUND)
+    with pytest.raises(checks.InputError, match=rf"\b{arg}\b"):
+        ring_costs.ring_bound_bytes(**BOUND | {arg: BAD_INTS[tag]})
+
+
+@pytest.mark.parametrize("fn", [ring_costs.ring_schedule, ring_costs.draw_ring],
+                         ids=["schedule", "draw"])
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_ring_is_named(fn, tag):
+    with pytest.raises(checks.InputError, match="ring"):
+        fn("allgather", BAD_INTS[tag])
+    with pytest.raises(checks.InputError, match="ring"):
+        ring_costs.bytes_by_direction([], BAD_INTS[tag])

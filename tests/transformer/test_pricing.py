@@ -14,6 +14,10 @@ from spmd_guide.transformer import pricing
 SMALL = dict(vocab=512, d_model=256, n_heads=8, d_ff=1024, n_layers=1, seq_len=64)
 
 
+#: A transformer small enough to lay out in a moment (2 heads: tp's 8-way split refuses it).
+TINY = dict(vocab=64, d_model=16, n_heads=2, d_ff=32, seq_len=8)
+
+
 @pytest.mark.parametrize("call, error, word", [
     (lambda: pricing.transformer_counts("pp"), InputError, "unknown strategy 'pp'"),
     (lambda: pricing.transformer_counts(["dp"]), InputTypeError, "strategy"),
@@ -29,6 +33,23 @@ SMALL = dict(vocab=512, d_model=256, n_heads=8, d_ff=1024, n_layers=1, seq_len=6
     (lambda: pricing.transformer_big_arrays(vocab=-1), InputError, "vocab"),
     (lambda: pricing.transformer_big_arrays(layers=2), InputError, "unknown transformer size"),
     (lambda: pricing.transformer_big_arrays(batch=True), InputTypeError, "batch"),
+    # A batch the data axis does not divide: InputError before JAX's IndivisibleError.
+    (lambda: pricing.transformer_counts("dp", batch=12, **TINY), InputError,
+     r"tokens \[batch=12.* 8 equal parts over mesh axis 'data'"),
+    (lambda: pricing.transformer_counts("fsdp_tp", batch=2, **TINY), InputError,
+     r"batch=2.* 4 equal parts over mesh axis 'data'"),
+    (lambda: pricing.transformer_counts("tp", batch=8, **TINY), InputError, "n_heads"),
+    (lambda: pricing.transformer_counts("cp", batch=8, **(TINY | {"seq_len": 12})),
+     InputError, "seq_len"),
+    (lambda: pricing.transformer_counts("dp", dtype="bfloat16"), InputError,
+     "unknown transformer size"),
+    (lambda: pricing.transformer_counts("dp", n_layers=True), InputTypeError, "n_layers"),
+    (lambda: pricing.transformer_counts("dp", devices=jax.devices()[:1] * 2), InputError,
+     "more than once"),
+    (lambda: pricing.abstract_params({"vocab": 4}), InputTypeError, "config"),
+    (lambda: pricing.abstract_params("cfg"), InputTypeError, "config"),
+    (lambda: pricing.transformer_big_arrays(n_devices=True), InputTypeError, "n_devices"),
+    (lambda: pricing.transformer_big_arrays(n_devices="8"), InputTypeError, "n_devices"),
 ])
 def test_bad_input(call, error, word):
     with pytest.raises(error, match=word):
@@ -102,3 +123,24 @@ def test_abstract_params_match_init_params():
     assert {a.dtype for a in jax.tree.leaves(bf16)} == {jnp.dtype("bfloat16")}
     with pytest.raises(InputTypeError, match="config"):
         pricing.abstract_params(SMALL)
+
+
+BAD_INTS = {"str": "4", "float": 2.5, "None": None, "zero": 0, "negative": -3,
+            "nan": float("nan"), "bool": True}
+SIZES = ["batch", *pricing.LM_CONFIG]
+
+
+@pytest.mark.parametrize("fn", [pricing.transformer_counts, pricing.transformer_big_arrays],
+                         ids=["counts", "big_arrays"])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("tag", list(BAD_INTS))
+def test_every_bad_size_is_named_before_anything_compiles(fn, size, tag):
+    args = ("dp",) if fn is pricing.transformer_counts else ()
+    with pytest.raises(InputError, match=rf"\b{size}\b"):
+        fn(*args, **{size: BAD_INTS[tag]})
+
+
+@pytest.mark.parametrize("value", list(BAD_INTS.values()) + [3], ids=[*BAD_INTS, "three"])
+def test_a_bad_device_count_is_named(value):
+    with pytest.raises(InputError, match="n_devices"):
+        pricing.transformer_big_arrays(n_devices=value)

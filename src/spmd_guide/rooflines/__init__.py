@@ -1,7 +1,8 @@
 """Part V, rooflines (book/rooflines/).
 
-- `hardware`: chips as data (`chips.toml`, every rate with its source), looked up by name
-  (rooflines/rooflines; every page that prices on a chip reads `CHIPS`).
+- `hardware`: chips as data (`chips.toml`, every rate with its source), looked up by name,
+  and which axes of a slice are rings (`axis_wraps`) (rooflines/rooflines; every page that
+  prices on a chip reads `CHIPS`).
 - `roofline`: counts from a compiled program, priced on a chip: `estimate` and `predict`
   (rooflines/rooflines, rooflines/parallelism).
 - `formulas`: the closed forms worked by hand: arithmetic intensity, critical batches, when

@@ -13,6 +13,12 @@ tests keep the two agreeing):
   parallelism, FSDP, tensor parallelism) and what the overlapped ring collective matmul of
   Part III gains (:func:`overlapped_time`, :func:`overlap_speedup`).
 
+Every communication time takes the topology from the chip and the axis length
+(:func:`spmd_guide.rooflines.hardware.axis_wraps`): by default an axis of ``n`` chips is a
+whole slice (on a TPU, a cycle through all its chips: a ring); ``slice_chips=8`` says the axis
+is part of an 8-chip slice, and a TPU axis without a wraparound link is then priced as a line,
+twice the ring's time. GPUs (NVSwitch) keep the ring's price for any axis.
+
 Every result is a **prediction** from published peak rates. Arguments are checked with
 :mod:`spmd_guide.core.checks` first: NaN and infinite numbers are refused, NumPy scalars and
 arrays are taken wherever Python numbers and lists are.
@@ -24,7 +30,7 @@ import math
 from typing import Any
 
 from spmd_guide.core import checks
-from spmd_guide.rooflines.hardware import Chip, choice, get_chip
+from spmd_guide.rooflines.hardware import Chip, choice, get_chip, topology_factor
 
 RING_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
 
@@ -62,25 +68,46 @@ def critical_batch(chip: str | Chip, *, d: int | None = None, f: int | None = No
     return size * ridge * d * f / denominator if denominator > 0 else math.inf
 
 
+def _line(spec: Chip, n: int | None, slice_chips: Any, *, link: str = "interconnect",
+          name: str = "n") -> float:
+    """1 on a ring, 2 on a line (:func:`~spmd_guide.rooflines.hardware.topology_factor`) for
+    an axis of ``n`` chips in a slice of ``slice_chips``; the network is not a torus axis."""
+    if n is None:
+        if slice_chips is not None:
+            raise checks.InputError(
+                f"slice_chips={slice_chips!r} needs {name}= (the axis length in that slice); "
+                f"{name}=None is the limit of a long, wrapped axis.")
+        return 1.0
+    if link == "network":
+        if slice_chips is not None:
+            raise checks.InputError(
+                f"slice_chips={slice_chips!r} applies to link='interconnect' only: the "
+                "network between slices or nodes is not a torus axis.")
+        return 1.0
+    return topology_factor(spec, n, slice_chips=slice_chips)
+
+
 def ring_time(buffer_bytes: float, n: int, chip: str | Chip, *, kind: str = "all-gather",
-              link: str = "interconnect") -> float:
-    """Seconds for a ring collective over ``n`` chips on a buffer of ``buffer_bytes`` (the
-    full, gathered size): the ring model's bytes sent (:func:`spmd_guide.core.hlo.ring_bytes`)
-    over the chip's link bandwidth.
+              link: str = "interconnect", slice_chips: int | None = None) -> float:
+    """Seconds for a collective over ``n`` chips on a buffer of ``buffer_bytes`` (the full,
+    gathered size): the ring model's bytes sent (:func:`spmd_guide.core.hlo.ring_bytes`)
+    over the chip's link bandwidth, times the topology's factor.
 
     On a TPU, ``interconnect_bandwidth`` is the two links of one torus axis, which a ring
-    uses only when the axis wraps around: a full axis of 16 on v5e/v6e, an axis that is a
-    multiple of 4 on v4/v5p. A shorter axis is a line, not a ring, and takes up to twice this
-    time (the scaling book, "How to Scale Your Model", ch. 2-3). On a GPU the NVSwitch joins
-    every GPU of a node, so the figure holds for any ``n`` up to 8.
+    uses only when the axis wraps around (:func:`~spmd_guide.rooflines.hardware.axis_wraps`):
+    an axis through a whole slice (``slice_chips=None``, the default) closes a cycle; an axis
+    of ``n`` chips in a larger slice of ``slice_chips`` without a wraparound link is a line
+    and takes twice the ring's time (the scaling book, tpus.md: no wraparounds "typically
+    doubles the time of most communication"). On a GPU the NVSwitch joins every GPU of a
+    node: the ring's time for any ``n`` up to 8.
     """
     spec = get_chip(chip)
     kind = choice("kind", kind, RING_KINDS)
     size = checks.real("buffer_bytes", buffer_bytes, minimum=0)
-    n = checks.count("n", n)
+    n = checks.count("n", n, maximum=checks.MAX_DEVICES)
     rate = spec.link_bandwidth(link)
     factor = (n - 1) / n * (2 if kind == "all-reduce" else 1)
-    return factor * size / rate
+    return factor * size / rate * _line(spec, n, slice_chips, link=link)
 
 
 def _share(n: Any) -> float:
@@ -89,7 +116,8 @@ def _share(n: Any) -> float:
 
 
 def dp_critical_batch(chip: str | Chip, *, n: int | None = None, bytes_per_element: float = 2,
-                      link: str = "interconnect", group: int | None = None) -> float:
+                      link: str = "interconnect", group: int | None = None,
+                      slice_chips: int | None = None) -> float:
     """Examples (tokens) per chip at which data parallelism's gradient all-reduce takes no
     longer than the backward pass it can hide behind.
 
@@ -105,10 +133,14 @@ def dp_critical_batch(chip: str | Chip, *, n: int | None = None, bytes_per_eleme
     ring over the network would charge each chip ``group`` times too much. The reduction
     inside the group still runs on the fast links; the step hides both when B is above this
     and the fast links' threshold (``n=group``).
+
+    ``slice_chips``: the all-reduce runs along an axis of ``n`` chips of a slice this big; a
+    TPU axis without a wraparound link is a line and needs twice the batch (:func:`ring_time`).
     """
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     share = _share(n)
-    rate = spec.link_bandwidth(link)
+    link = choice("link", link, ("interconnect", "network"))
+    rate = spec.link_bandwidth(link) / _line(spec, n, slice_chips, link=link)
     if link == "network":
         if group is None:
             raise checks.InputError(
@@ -125,7 +157,8 @@ def dp_critical_batch(chip: str | Chip, *, n: int | None = None, bytes_per_eleme
 
 
 def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None, gathers: int = 1,
-                        bytes_per_element: float = 2, phase: str | None = None) -> float:
+                        bytes_per_element: float = 2, phase: str | None = None,
+                        slice_chips: int | None = None) -> float:
     """Examples per chip at which FSDP's weight traffic hides behind the compute of the
     phase it must land in.
 
@@ -137,32 +170,44 @@ def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None, gathers: int 
     only after this step's update), so the threshold is the larger of the two phases':
     ``phase="forward"`` or ``"backward"`` returns one of them. For 1 or 2 gathers the
     forward's decides, and it equals data parallelism's (:func:`dp_critical_batch`).
+    ``slice_chips`` as in :func:`ring_time`: a TPU line doubles it.
     """
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     gathers = checks.count("gathers", gathers, maximum=2)
     share = _share(n)
-    base = size * share * spec.peak_flops_bf16 / spec.interconnect_bandwidth
+    base = size * share * spec.peak_flops_bf16 / spec.interconnect_bandwidth * _line(
+        spec, n, slice_chips)
     phases = {"forward": base / 2, "backward": gathers * base / 4}
     if phase is None:
         return max(phases.values())
     return phases[choice("phase", phase, phases)]
 
 
-def tp_min_width(chip: str | Chip, n: int, *, bytes_per_element: float = 2) -> float:
+def tp_min_width(chip: str | Chip, n: int, *, bytes_per_element: float = 2,
+                 slice_chips: int | None = None) -> float:
     """The smallest weight width ``f`` for which an ``n``-way tensor-parallel matmul
     ``x[B, d] @ W[d, f/n]`` that all-gathers its ``[B, d]`` input stays compute-bound:
-    2 B d f / n FLOPs against (n-1)/n B d bytes sent gives f >= bytes (n-1) FLOP/s / (2 W)."""
+    2 B d f / n FLOPs against (n-1)/n B d bytes sent gives f >= bytes (n-1) FLOP/s / (2 W).
+    ``slice_chips`` as in :func:`ring_time`: a TPU line doubles it."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
-    n = checks.count("n", n, minimum=2)
-    return size * (n - 1) * spec.comm_ridge / 2
+    n = checks.count("n", n, minimum=2, maximum=checks.MAX_DEVICES)
+    return size * (n - 1) * spec.comm_ridge / 2 * _line(spec, n, slice_chips)
 
 
-def tp_max_ways(chip: str | Chip, width: int, *, bytes_per_element: float = 2) -> int:
+def tp_max_ways(chip: str | Chip, width: int, *, bytes_per_element: float = 2,
+                slice_chips: int | None = None) -> int:
     """The most chips a weight of ``width`` columns can be split over before the all-gather
-    outlasts the matmul (the inverse of :func:`tp_min_width`); at least 1."""
+    outlasts the matmul (the inverse of :func:`tp_min_width`); at least 1. Without
+    ``slice_chips`` every axis is a ring; with it, the answer is the largest axis length that
+    divides the slice and keeps the matmul compute-bound at its topology's price."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     width = _width("width", width)
-    return max(1, math.floor(1 + 2 * width / (size * spec.comm_ridge)))
+    if slice_chips is None:
+        return max(1, math.floor(1 + 2 * width / (size * spec.comm_ridge)))
+    total = checks.count("slice_chips", slice_chips, maximum=checks.MAX_DEVICES)
+    fits = [n for n in range(2, total + 1) if total % n == 0 and tp_min_width(
+        spec, n, bytes_per_element=size, slice_chips=total) <= width]
+    return max(fits, default=1)
 
 
 def overlapped_time(compute_s: float, comm_s: float, *, ways: int | None = None) -> float:
@@ -195,26 +240,34 @@ def overlap_speedup(compute_s: float, comm_s: float, *, ways: int | None = None)
     return (c + m) / overlapped_time(c, m, ways=ways)
 
 
-def ring_matmul_balance_rows(ways: int, chip: str | Chip, *,
-                             bytes_per_element: float = 2) -> float:
+def ring_matmul_balance_rows(ways: int, chip: str | Chip, *, bytes_per_element: float = 2,
+                             slice_chips: int | None = None) -> float:
     """Rows ``m`` at which the overlapped all-gather matmul ``[m, k] @ [k, n]`` on a ring of
     ``ways`` chips gains most (:func:`overlap_speedup` with ``ways``): where one block's
     matmul, 2 m k n / ways^2 FLOPs, takes as long as one block's transfer, k n / ways
-    elements; k and n cancel: m = ways x bytes/2 x FLOP/s / link bandwidth."""
+    elements; k and n cancel: m = ways x bytes/2 x FLOP/s / link bandwidth (twice that on a
+    TPU line, ``slice_chips`` as in :func:`ring_time`)."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
-    ways = checks.count("ways", ways, minimum=2)
-    return ways * size / 2 * spec.comm_ridge
+    ways = checks.count("ways", ways, minimum=2, maximum=checks.MAX_DEVICES)
+    return ways * size / 2 * spec.comm_ridge * _line(spec, ways, slice_chips, name="ways")
 
 
 def collective_matmul_times(m: int, k: int, n: int, ways: int, chip: str | Chip, *,
-                            bytes_per_element: float = 2) -> tuple[float, float]:
+                            bytes_per_element: float = 2,
+                            slice_chips: int | None = None) -> tuple[float, float]:
     """(compute, communication) seconds of the all-gather collective matmul of Part III:
     each of ``ways`` chips multiplies its ``m / ways`` rows of ``[m, k]`` by the ``[k, n]``
-    right-hand side, whose row blocks are all-gathered around the ring."""
+    right-hand side, whose ``k / ways`` row blocks are all-gathered around the ring (twice
+    the ring's time on a TPU line, ``slice_chips`` as in :func:`ring_time`). ``m`` and ``k``
+    must split into ``ways`` equal blocks, as the matmul itself requires."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
-    m, k, n, ways = _width("m", m), _width("k", k), _width("n", n), checks.count("ways", ways)
+    m, k, n = _width("m", m), _width("k", k), _width("n", n)
+    ways = checks.count("ways", ways, maximum=checks.MAX_DEVICES)
+    checks.divisible("m (rows of the left-hand side)", m, ways, why=f"over ways={ways} chips")
+    checks.divisible("k (rows of the right-hand side)", k, ways, why=f"over ways={ways} chips")
     compute = 2 * m * k * n / ways / spec.peak_flops_bf16
-    comm = (ways - 1) / ways * k * n * size / spec.interconnect_bandwidth
+    comm = (ways - 1) / ways * k * n * size / spec.interconnect_bandwidth * _line(
+        spec, ways, slice_chips, name="ways")
     return compute, comm
 
 

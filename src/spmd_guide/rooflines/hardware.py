@@ -10,8 +10,14 @@ that prices a program on a chip reads :data:`CHIPS` (rooflines/parallelism,
 rooflines/transformer, serving/prefill_decode, checkpointing/resuming), through
 :mod:`spmd_guide.rooflines.roofline` or directly.
 
+Each chip also says how its fast links join the chips (``topology``: a 2D or 3D torus, or a
+GPU node's NVSwitch), and :func:`axis_wraps` turns that and an axis length into the answer
+the communication times need: does a collective along this axis run on a ring, or on a line
+without the wraparound link, which takes twice as long (:func:`topology_factor`)?
+
 A rate that is not a positive finite number, an entry without a source or a citation per rate,
-and a chip name that is not a whole key are refused with :mod:`spmd_guide.core.checks`'s
+a file that is not valid TOML (named in the error), and a chip name that is not a whole key
+are refused with :mod:`spmd_guide.core.checks`'s
 errors; NumPy strings and arrays of names are taken wherever Python ones are.
 """
 
@@ -42,6 +48,16 @@ UNITS = {
 #: The links a chip sends over: its fast interconnect (ICI/NVLink) or the network between
 #: slices or nodes (DCN/InfiniBand).
 LINKS = ("interconnect", "network")
+#: How a chip's fast links join the chips (``chips.toml``'s ``topology``), in words.
+TOPOLOGIES = {
+    "torus-2d": "2D torus; an axis wraps around only when it is a full 16 (TPU v5e, v6e)",
+    "torus-3d": "3D torus of 4x4x4 cubes; axes wrap only in slices of whole cubes (TPU v4, v5p)",
+    "switch": "NVSwitch: every GPU of a node joined to every other (all-to-all)",
+}
+#: The 8-chip slice of each torus (the slice the pages price 8-device programs on).
+SLICE_OF_8 = {"torus-2d": (2, 4), "torus-3d": (2, 2, 2)}
+#: The rate :data:`UNITS` does not list but ``cite`` must: where the topology was read.
+CITED = (*UNITS, "topology")
 
 
 def choice(name: str, value: Any, options: Iterable[str]) -> str:
@@ -68,6 +84,8 @@ class Chip:
     interconnect: str
     network_bandwidth: float
     network: str
+    #: How the fast links join the chips: a key of :data:`TOPOLOGIES`.
+    topology: str
     source: str
     read_via: str
     date_read: str
@@ -86,16 +104,17 @@ class Chip:
             value = checks.real(f"chip {self.key!r}: {name} (in {unit})", getattr(self, name),
                                 positive=True)
             object.__setattr__(self, name, value)
+        choice(f"chip {self.key!r}: topology", self.topology, TOPOLOGIES)
         if not isinstance(self.cite, Mapping):
             raise checks.InputTypeError(
                 f"chip {self.key!r}: cite must map each rate to its source, got {self.cite!r}.")
-        missing = sorted(set(UNITS) - set(self.cite))
-        unknown = sorted(set(self.cite) - set(UNITS))
+        missing = sorted(set(CITED) - set(self.cite))
+        unknown = sorted(set(self.cite) - set(CITED))
         empty = sorted(k for k, v in self.cite.items() if not isinstance(v, str) or not v.strip())
         if missing or unknown or empty:
             raise checks.InputError(
                 f"chip {self.key!r}: cite needs one non-empty source per rate; missing "
-                f"{missing}, unknown {unknown}, empty {empty}; the rates are {sorted(UNITS)}.")
+                f"{missing}, unknown {unknown}, empty {empty}; the rates are {sorted(CITED)}.")
         object.__setattr__(self, "cite", types.MappingProxyType(dict(self.cite)))
 
     @property
@@ -122,7 +141,9 @@ class Chip:
     def citations(self) -> list[dict[str, str]]:
         """Table rows: each rate of this chip, its SI value and where it was published."""
         return [{"chip": self.key, "rate": name, "value": f"{getattr(self, name):.4g} {unit}",
-                 "source": self.cite[name]} for name, unit in UNITS.items()]
+                 "source": self.cite[name]} for name, unit in UNITS.items()] + [
+            {"chip": self.key, "rate": "topology", "value": self.topology,
+             "source": self.cite["topology"]}]
 
     def link_bandwidth(self, link: str = "interconnect") -> float:
         """Bytes per second one chip sends over ``link``: ``"interconnect"`` (ICI/NVLink) or
@@ -140,18 +161,33 @@ def load_chips(path: str | os.PathLike[str] = CHIPS_FILE) -> dict[str, Chip]:
     if not os.path.isfile(path):
         raise checks.InputError(
             f"path {str(path)!r} is not a file; pass a TOML file like {str(CHIPS_FILE)!r}.")
-    with open(path, "rb") as file:
-        table = tomllib.load(file).get("chip", {})
+    try:
+        with open(path, "rb") as file:
+            table = tomllib.load(file).get("chip", {})
+    except tomllib.TOMLDecodeError as error:
+        raise checks.InputError(f"{str(path)!r} is not valid TOML: {error}.") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise checks.InputError(f"cannot read {str(path)!r}: {error}.") from None
+    if not isinstance(table, Mapping):
+        raise checks.InputError(
+            f"{path}: 'chip' must be a table of [chip.<key>] tables, got {table!r:.60}.")
     wanted = {f.name for f in fields(Chip)} - {"key"}
     chips = {}
     for key, entry in table.items():
+        if not isinstance(entry, Mapping):
+            raise checks.InputError(
+                f"{path}: chip {key!r} must be a [chip.{key}] table of fields, got "
+                f"{entry!r:.60}.")
         unknown = set(entry) - wanted
         missing = wanted - set(entry)
         if unknown or missing:
             raise checks.InputError(
                 f"chip {key!r} in {path}: unknown fields {sorted(unknown)}, missing fields "
                 f"{sorted(missing)}; the fields are {sorted(wanted)}.")
-        chips[key] = Chip(key=key, **entry)
+        try:
+            chips[key] = Chip(key=key, **entry)
+        except checks.InputError as error:
+            raise type(error)(f"{path}: {error}") from None
     if not chips:
         raise checks.InputError(f"{path} lists no [chip.<key>] tables.")
     return chips
@@ -175,13 +211,54 @@ def get_chips(chips: str | Chip | Iterable[str | Chip], *, name: str = "chips") 
     without repeats. A single name is one chip, never its letters."""
     if isinstance(chips, (str, Chip)):
         return [get_chip(chips, name=name)]
-    if isinstance(chips, Mapping) or not isinstance(chips, (Sequence, np.ndarray, Iterable)):
+    if isinstance(chips, (Mapping, set, frozenset)) or not isinstance(
+            chips, (Sequence, np.ndarray, Iterable)):
         raise checks.InputTypeError(
-            f"{name} must be a chip name such as 'h100-sxm' or a sequence of them, got "
-            f"{chips!r}.")
+            f"{name} must be a chip name such as 'h100-sxm' or a sequence of them (a list or "
+            f"tuple: a set has no order), got {chips!r}.")
     found = {c.key: c for c in (get_chip(item, name=f"an entry of {name}")
                                 for item in list(np.asarray(chips, dtype=object).ravel()
                                                  if isinstance(chips, np.ndarray) else chips))}
     if not found:
         raise checks.InputError(f"{name} is empty; name at least one chip of {sorted(CHIPS)}.")
     return list(found.values())
+
+
+def axis_wraps(chip: str | Chip, axis_length: int, *, slice_chips: int | None = None) -> bool:
+    """Whether a collective along a mesh axis of ``axis_length`` chips, in a slice (or node)
+    of ``slice_chips`` chips (default: the axis is the whole slice), runs on a **ring**:
+    ``chip.interconnect_bandwidth`` is what a chip sends along a ring, two links at once.
+
+    * A GPU's NVSwitch joins every GPU of a node to every other: always a ring's rate.
+    * An axis through every chip of a TPU slice of 4 or more (2x2, 2x4, 2x2x2, ...) closes a
+      cycle through all of them (a Hamiltonian cycle), so it is a ring; two chips joined by
+      one link are a line.
+    * A shorter TPU axis is a ring only where the torus wraps around: a full axis of 16 on a
+      v5e or v6e ("torus-2d"); a multiple of 4 in a slice of whole 4x4x4 cubes (64 chips
+      and more) on a v4 or v5p ("torus-3d"). Anything else is a **line**: the scaling book
+      (tpus.md) says a topology without wraparounds "typically doubles the time of most
+      communication" (:func:`topology_factor`).
+
+    On an 8-chip slice (2x4 or 2x2x2) every axis shorter than 8 is a line."""
+    spec = get_chip(chip)
+    n = checks.count("axis_length", axis_length, maximum=checks.MAX_DEVICES)
+    size = n if slice_chips is None else checks.count(
+        "slice_chips", slice_chips, maximum=checks.MAX_DEVICES)
+    if n > size:
+        raise checks.InputError(
+            f"axis_length={n} is longer than the slice it runs in, slice_chips={size}.")
+    if spec.topology == "switch" or n == 1:
+        return True
+    if n == size:
+        return n >= 4
+    if spec.topology == "torus-2d":
+        return n == 16
+    return n % 4 == 0 and size % 64 == 0
+
+
+def topology_factor(chip: str | Chip, axis_length: int, *,
+                    slice_chips: int | None = None) -> float:
+    """How many times a ring's time a collective along the axis takes: 1 on a ring
+    (:func:`axis_wraps`), 2 on a line (a bidirectional line: the chips at its ends have one
+    link where a ring's have two, so its throughput halves)."""
+    return 1.0 if axis_wraps(chip, axis_length, slice_chips=slice_chips) else 2.0

@@ -4,7 +4,13 @@ A step takes at least the largest of three times, each a count divided by a hard
 
 * **compute**: the program's FLOPs over the chip's peak dense bf16 FLOP/s;
 * **memory**: the bytes the program reads and writes in HBM over the HBM bandwidth;
-* **communication**: the bytes one device sends to others over the interconnect bandwidth.
+* **communication**: the bytes one device sends to others over the interconnect bandwidth,
+  each collective priced on the topology of its device group (on a TPU slice, an axis
+  without a wraparound link is a line: twice a ring's time; :func:`comm_seconds`).
+
+:func:`counts` also counts the program's float-to-float ``convert`` ops: a bfloat16 training
+step gains them on XLA:CPU and the cost analysis counts their bytes, which the
+:class:`Estimate` says (``converts``, ``note``).
 
 The counts come from the compiled program (XLA's cost analysis for FLOPs and bytes accessed,
 :func:`spmd_guide.core.hlo.communication_bytes` for the ring-model bytes sent); the rates come from
@@ -33,9 +39,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from spmd_guide.core import checks, hlo
+from spmd_guide.core.hlo_text import parse_module, program_text, reachable
 from spmd_guide.rooflines.formulas import matmul_intensity as matmul_intensity
 from spmd_guide.rooflines.hardware import CHIPS as CHIPS
-from spmd_guide.rooflines.hardware import LINKS, Chip, choice, get_chip
+from spmd_guide.rooflines.hardware import LINKS, Chip, choice, get_chip, topology_factor
 
 # CHIPS and matmul_intensity are re-exported: the public contract (DESIGN.md) names them
 # roofline.CHIPS and roofline.matmul_intensity beside predict. They live in hardware and
@@ -91,12 +98,29 @@ class Estimate:
     compute_s: float
     memory_s: float
     comm_s: float
+    #: ``convert`` ops in the program (:attr:`Counts.converts`): bytes the cost analysis
+    #: counts for conversions between dtypes, which :attr:`note` explains.
+    converts: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.chip, str) or not self.chip:
             raise checks.InputTypeError(f"chip must be a chip's key, got {self.chip!r}.")
         _amounts(self, ("flops", "bytes_accessed", "comm_bytes", "compute_s", "memory_s",
                         "comm_s"))
+        object.__setattr__(self, "converts", checks.count("converts", self.converts, minimum=0))
+
+    @property
+    def note(self) -> str:
+        """What the counts leave to the reader: ``""`` for a program without conversions;
+        otherwise how many ``convert`` ops it holds and that their bytes are counted (a
+        bfloat16 training step on XLA:CPU gains them; price its float32 twin with
+        ``byte_scale=0.5`` instead, or pass ``byte_scale=1`` for bytes already bf16)."""
+        if not self.converts:
+            return ""
+        return (f"the program converts between floating dtypes {self.converts} time(s) "
+                "(convert ops, as a bfloat16 training step on XLA:CPU does); XLA's cost "
+                "analysis counts their bytes too, so memory_s overstates the bfloat16 "
+                "program. Price its float32 twin with byte_scale=0.5 instead.")
 
     @property
     def bound(self) -> str:
@@ -130,6 +154,14 @@ class Counts:
     bytes_accessed: float
     comm_bytes: float
     sent_by_kind: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: Bytes sent by the length of the device group each collective runs over
+    #: (``{4: ..., 2: ...}``): the mesh axis it runs along, which sets its topology.
+    sent_by_group: Mapping[int, float] = field(default_factory=dict, hash=False)
+    #: Devices the program runs on (0: not known), the slice its groups are part of.
+    devices: int = 0
+    #: ``convert`` ops from one floating dtype to another (bf16 <-> f32) in the program, in
+    #: every computation it calls (fusions included): what a bfloat16 training step gains.
+    converts: int = 0
 
     def __post_init__(self) -> None:
         _amounts(self, ("flops", "bytes_accessed", "comm_bytes"))
@@ -140,6 +172,22 @@ class Counts:
                  checks.real(f"sent_by_kind[{k!r}]", v, minimum=0)
                  for k, v in self.sent_by_kind.items()}
         object.__setattr__(self, "sent_by_kind", types.MappingProxyType(kinds))
+        devices = checks.count("devices", self.devices, minimum=0, maximum=checks.MAX_DEVICES)
+        object.__setattr__(self, "devices", devices)
+        object.__setattr__(self, "converts", checks.count("converts", self.converts, minimum=0))
+        if not isinstance(self.sent_by_group, Mapping):
+            raise checks.InputTypeError(
+                f"sent_by_group must map group sizes to bytes, got {self.sent_by_group!r}.")
+        groups = {checks.count("a group size of sent_by_group", g, maximum=devices or None):
+                  checks.real(f"sent_by_group[{g!r}]", v, minimum=0)
+                  for g, v in self.sent_by_group.items()}
+        if groups and not devices:
+            raise checks.InputError("sent_by_group needs devices= (the slice its groups are in).")
+        if sum(groups.values()) > self.comm_bytes * (1 + 1e-9) + 1:
+            raise checks.InputError(
+                f"sent_by_group sums to {sum(groups.values()):.6g} bytes, more than comm_bytes "
+                f"{self.comm_bytes:.6g}.")
+        object.__setattr__(self, "sent_by_group", types.MappingProxyType(groups))
 
 
 def counts(fn: Callable[..., Any], *args: Any) -> Counts:
@@ -153,40 +201,94 @@ def counts(fn: Callable[..., Any], *args: Any) -> Counts:
         checks.function("fn", fn)
     compiled = hlo.compile(fn, *args)  # compiled once; every question asks this program
     cost = compiled.cost_analysis()
-    ops = hlo.collectives_in_text(compiled.as_text())
+    text = compiled.as_text()
+    ops = hlo.collectives_in_text(text)
+    module = parse_module(program_text(text))
     by_kind: dict[str, float] = {}
+    by_group: dict[int, float] = {}
     for op in ops:
         by_kind[op.kind] = by_kind.get(op.kind, 0.0) + op.bytes_sent
+        by_group[op.group_size] = by_group.get(op.group_size, 0.0) + op.bytes_sent
+    converts = sum(_float_converts(module.computations[name]) for name in reachable(module))
     return Counts(flops=float(cost.get("flops", 0.0)),
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-                  comm_bytes=float(sum(op.bytes_sent for op in ops)), sent_by_kind=by_kind)
+                  comm_bytes=float(sum(op.bytes_sent for op in ops)), sent_by_kind=by_kind,
+                  sent_by_group={g: b for g, b in by_group.items() if b},
+                  devices=module.num_partitions * module.replica_count, converts=converts)
 
 
-def estimate(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
-             link: str = "interconnect") -> Estimate:
-    """Price ``work`` on ``chip``: a prediction at peak rates. ``byte_scale`` multiplies the
-    bytes (0.5 prices a float32 program as its bfloat16 twin); ``link`` is
-    ``"interconnect"`` (ICI/NVLink) or ``"network"`` (DCN/InfiniBand, across slices or
-    nodes)."""
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("f", "bf")) and dtype != "f"
+
+
+def _float_converts(instructions: Sequence[Any]) -> int:
+    """``convert`` ops of one computation from one floating dtype to another (bf16 <-> f32):
+    the conversions a mixed-precision program gains; int <-> float converts do not count."""
+    table = {i.name: i for i in instructions}
+    found = 0
+    for i in instructions:
+        if i.opcode != "convert" or not i.operands or i.operands[0] not in table:
+            continue
+        source = table[i.operands[0]].result
+        if (len(i.result) == 1 and len(source) == 1 and _is_float(i.result[0].dtype)
+                and _is_float(source[0].dtype) and i.result[0].dtype != source[0].dtype):
+            found += 1
+    return found
+
+
+def comm_seconds(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
+                 link: str = "interconnect", topology: bool = True) -> float:
+    """Seconds ``work``'s bytes take over ``link``: each collective's bytes over the link
+    bandwidth, times its topology's factor (:func:`~spmd_guide.rooflines.hardware.
+    topology_factor`): a collective whose device group is a TPU axis without a wraparound
+    link in the program's slice (say 4 of 8 chips) runs on a line, twice a ring's time.
+    ``topology=False`` prices every byte at the ring's rate; so does the network, and so do
+    bytes whose group is not known."""
     if not isinstance(work, Counts):
         raise checks.InputTypeError(
             f"work must be a Counts (from roofline.counts), got {type(work).__name__}.")
     spec = get_chip(chip)
     scale = checks.real("byte_scale", byte_scale, positive=True)
     rate = spec.link_bandwidth(link)
+    if not checks.flag("topology", topology) or link == "network":
+        return work.comm_bytes * scale / rate
+    grouped = sum(work.sent_by_group.values())
+    lines = sum(sent * topology_factor(spec, group, slice_chips=work.devices)
+                for group, sent in work.sent_by_group.items())
+    return (max(work.comm_bytes - grouped, 0.0) + lines) * scale / rate
+
+
+def estimate(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
+             link: str = "interconnect", topology: bool = True) -> Estimate:
+    """Price ``work`` on ``chip``: a prediction at peak rates. ``byte_scale`` multiplies the
+    bytes (0.5 prices a float32 program as its bfloat16 twin); ``link`` is
+    ``"interconnect"`` (ICI/NVLink) or ``"network"`` (DCN/InfiniBand, across slices or
+    nodes). Communication is priced per device group (:func:`comm_seconds`): on a TPU an
+    axis without a wraparound link is a line; ``topology=False`` prices every axis as a
+    ring."""
+    if not isinstance(work, Counts):
+        raise checks.InputTypeError(
+            f"work must be a Counts (from roofline.counts), got {type(work).__name__}.")
+    spec = get_chip(chip)
+    scale = checks.real("byte_scale", byte_scale, positive=True)
     return Estimate(chip=spec.key, flops=work.flops, bytes_accessed=work.bytes_accessed * scale,
                     comm_bytes=work.comm_bytes * scale,
                     compute_s=work.flops / spec.peak_flops_bf16,
                     memory_s=work.bytes_accessed * scale / spec.hbm_bandwidth,
-                    comm_s=work.comm_bytes * scale / rate)
+                    comm_s=comm_seconds(work, spec, byte_scale=scale, link=link,
+                                        topology=topology),
+                    converts=work.converts)
 
 
 def predict(fn: Callable[..., Any], *args: Any, chip: str | Chip, byte_scale: float = 1.0,
-            link: str = "interconnect") -> Estimate:
+            link: str = "interconnect", topology: bool = True) -> Estimate:
     """The roofline prediction for ``fn`` on ``args`` for one device of ``chip``: the
     compiled program's counts (:func:`counts`) priced at the chip's rates (:func:`estimate`).
-    The options are checked before anything is compiled."""
+    The options are checked before anything is compiled. A program with ``convert`` ops (a
+    bfloat16 training step on XLA:CPU) says so in the estimate's ``converts`` and ``note``."""
     spec = get_chip(chip)
     checks.real("byte_scale", byte_scale, positive=True)
     choice("link", link, LINKS)
-    return estimate(counts(fn, *args), spec, byte_scale=byte_scale, link=link)
+    checks.flag("topology", topology)
+    return estimate(counts(fn, *args), spec, byte_scale=byte_scale, link=link,
+                    topology=topology)

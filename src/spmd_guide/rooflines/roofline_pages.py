@@ -98,9 +98,14 @@ class Prediction:
 
 
 def predict_strategies(counts_by_name: Mapping[str, roofline.Counts],
-                       chips: Any = tuple(hardware.CHIPS)) -> list[Prediction]:
+                       chips: Any = tuple(hardware.CHIPS), *,
+                       topology: bool = True) -> list[Prediction]:
     """Each strategy's counts priced on each chip, bytes as bfloat16 (``byte_scale=0.5``).
-    ``chips``: one chip name (``'h100-sxm'``) or a sequence of them."""
+    ``chips``: one chip name (``'h100-sxm'``) or a sequence of them. Each collective is
+    priced on its axis's topology (:func:`spmd_guide.rooflines.roofline.comm_seconds`: on a
+    TPU slice an axis without a wraparound link is a line, twice a ring's time);
+    ``topology=False`` prices every axis as a ring."""
+    topology = checks.flag("topology", topology)
     if not isinstance(counts_by_name, Mapping) or not counts_by_name:
         raise checks.InputTypeError(
             "counts_by_name must be a non-empty dict of strategy name -> roofline.Counts, "
@@ -111,7 +116,8 @@ def predict_strategies(counts_by_name: Mapping[str, roofline.Counts],
                 f"counts_by_name must map strategy names (strings) to roofline.Counts, got "
                 f"{name!r}: {type(work).__name__}.")
     keys = [chip.key for chip in hardware.get_chips(chips)]
-    return [Prediction(str(name), chip, roofline.estimate(work, chip, byte_scale=0.5))
+    return [Prediction(str(name), chip, roofline.estimate(work, chip, byte_scale=0.5,
+                                                          topology=topology))
             for name, work in counts_by_name.items() for chip in keys]
 
 
@@ -139,6 +145,18 @@ def ranking(predictions: Sequence[Prediction], chip: str) -> list[str]:
     return [p.strategy for p in sorted(rows, key=lambda p: p.estimate.step_s)]
 
 
+def first_places(predictions: Sequence[Prediction]) -> str:
+    """How many chips each strategy is predicted fastest on, for a sentence:
+    ``"auto_dp_tp on 1, tp on 6"`` (strategies in alphabetical order)."""
+    if isinstance(predictions, (str, bytes, Mapping)) or not isinstance(predictions, Sequence) \
+            or not predictions or not all(isinstance(p, Prediction) for p in predictions):
+        raise checks.InputTypeError(
+            "predictions must be a non-empty list of Prediction (from predict_strategies), got "
+            f"{checks.value_text(predictions)}.")
+    firsts = [ranking(predictions, chip)[0] for chip in dict.fromkeys(p.chip for p in predictions)]
+    return ", ".join(f"{name} on {firsts.count(name)}" for name in sorted(set(firsts)))
+
+
 def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[str, Any]]:
     """Table rows for one chip: the three predicted times in ms, the predicted step (their
     largest), the bound, the rank."""
@@ -152,8 +170,10 @@ def prediction_rows(predictions: Sequence[Prediction], chip: str) -> list[dict[s
 
 
 #: Device kinds (lower case, spaces removed) -> chip keys. Variants whose rates differ from
-#: the chips file's (H100 PCIe and NVL, H200 NVL) are matched to ``None`` first.
-_KINDS = {"h100pcie": None, "h100nvl": None, "h200nvl": None, "gh200": None, "h100": "h100-sxm",
+#: the chips file's (H100 PCIe and NVL, H200 NVL, the GH200, and the GB200, whose B200 runs
+#: at 2,500 dense bf16 TFLOP/s against the HGX B200's 2,250) are matched to ``None`` first.
+_KINDS = {"h100pcie": None, "h100nvl": None, "h200nvl": None, "gh200": None, "gb200": None,
+          "h100": "h100-sxm",
           "h200": "h200", "b200": "b200", "tpuv4": "tpu-v4", "tpuv5lite": "tpu-v5e",
           "tpuv5e": "tpu-v5e", "tpuv5p": "tpu-v5p", "tpuv5": "tpu-v5p",
           "tpuv6lite": "tpu-v6e", "tpuv6e": "tpu-v6e"}
@@ -163,7 +183,7 @@ def chip_for(device: Any) -> str | None:
     """The key of :data:`~spmd_guide.rooflines.hardware.CHIPS` for ``device`` (a
     ``jax.Device``, read by its ``device_kind``), or ``None`` when the chips file does not
     list it: a CPU, or a variant with other rates (an H100 PCIe or NVL, an H200 NVL, a
-    GH200)."""
+    GH200, a GB200)."""
     kind = getattr(device, "device_kind", None)
     if not isinstance(kind, str):
         raise checks.InputTypeError(
@@ -219,6 +239,7 @@ def _intensities(points: Any) -> dict[str, float]:
             value = point.intensity
         elif isinstance(point, (tuple, list, np.ndarray)) and len(point) == 2:
             value = point[0]
+            checks.real(f"the FLOPs of points[{label!r}]", point[1], minimum=0)
         else:
             raise checks.InputTypeError(
                 f"points[{label!r}] must be an Estimate or an (intensity, FLOPs) pair, got "
@@ -262,10 +283,15 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
     """
     logy = checks.flag("logy", logy)
     x = checks.array("x", x, ndim=1)
+    if len(x) < 2:
+        raise checks.InputError(f"x needs at least 2 values to draw a line, got {len(x)}.")
     x = _finite("x", np.asarray(x, dtype=float), positive=True)
     if not isinstance(curves, Mapping) or not curves:
         raise checks.InputTypeError(
             f"curves must be a non-empty dict of label -> values, got {type(curves).__name__}.")
+    for label in curves:
+        if not isinstance(label, str):
+            raise checks.InputTypeError(f"a label of curves must be a string, got {label!r}.")
     curves = {label: _finite(f"curves[{label!r}]", np.asarray(
         checks.array(f"curves[{label!r}]", values, ndim=1), dtype=float), positive=logy,
         length=len(x)) for label, values in curves.items()}
@@ -277,6 +303,10 @@ def plot_curves(x: np.ndarray, curves: dict[str, np.ndarray], *, xlabel: str, yl
     marks = {label: checks.real(f"marks[{label!r}]", level, positive=logy)
              for label, level in (marks or {}).items()}
     if xticks is not None:
+        if isinstance(xticks, (str, bytes, Mapping)) or not isinstance(
+                xticks, (Sequence, np.ndarray)):
+            raise checks.InputTypeError(
+                f"xticks must be a sequence of numbers such as [2, 4, 8], got {xticks!r}.")
         xticks = [checks.real("an entry of xticks", t, positive=True) for t in xticks]
     fig, ax = _axes((4.8, 3.8))
     for i, (label, values) in enumerate(curves.items()):
@@ -420,10 +450,11 @@ def problems() -> list[Problem]:
     out.append(Problem(
         "dp_network", "The same all-reduce across many 8-GPU H100 nodes over InfiniBand "
         f"({h100.network_bandwidth / 1e9:g} GB/s per GPU): from how many examples per GPU?",
-        "NCCL (like every library) reduces inside the node first: a reduce-scatter over "
-        "NVLink leaves each GPU 1/8 of the gradient, which it all-reduces across nodes over "
-        "its own NIC, then an all-gather over NVLink. So each NIC all-reduces 1/8 of the "
-        f"gradient: B = 2 * {h100.peak_flops_bf16:.3g} / (2 * 8 * "
+        "Each NIC carries 1/8 of the gradient. NCCL's rings are flat (they span NVLink and "
+        "InfiniBand, one ring per NIC) and its trees move the same bytes, as a reduce inside "
+        "the node first would: a reduce-scatter over NVLink, an all-reduce of each GPU's 1/8 "
+        "over its own NIC, an all-gather over NVLink. So "
+        f"B = 2 * {h100.peak_flops_bf16:.3g} / (2 * 8 * "
         f"{h100.network_bandwidth:.3g}) = {dpn:.0f} per GPU, {dpn / dp:.2f} times the NVLink "
         f"answer; the NVLink part still runs, so the step needs both: {max(dpn, dp):.0f} "
         "(the scaling book's GPU chapter gets 2475 from the same rates). A flat ring over the "
@@ -455,11 +486,13 @@ def problems() -> list[Problem]:
         f"(7/8) * {8192 * 28672 * 2 / 1e6:.0f} MB / {h100.interconnect_bandwidth / 1e9:g} GB/s "
         f"= {gather * 1e6:.0f} us (measured NCCL bandwidth is lower).", gather))
     rows = formulas.ring_matmul_balance_rows(4, "tpu-v5e")
-    compute, comm = formulas.collective_matmul_times(round(rows), 8192, 8192, 4, "tpu-v5e")
+    compute, comm = formulas.collective_matmul_times(4 * round(rows / 4), 8192, 8192, 4,
+                                                     "tpu-v5e")
     best = formulas.overlap_speedup(compute, comm, ways=4)
     out.append(Problem(
         "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU "
-        "v5e chips (bf16): for how many rows m does overlapping pay the most, and how much?",
+        "v5e chips (a 2x2 slice, whose 4 chips close a cycle; bf16): for how many rows m "
+        "does overlapping pay the most, and how much?",
         "It does 4 block matmuls (2*m*k*n/16 FLOPs each) and 3 block transfers (k*n/4 "
         "elements each), each transfer beside the previous block's matmul; the last matmul "
         "has nothing left to hide. The gain is largest where one block's matmul takes as "

@@ -54,6 +54,10 @@ def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
     return CompiledMatmul(name, jitted.lower(lhs, rhs).compile(), lhs, rhs)
 
 
+#: Bytes per element of the dtypes a matmul runs in (float8 to float64).
+ITEMSIZES = (1, 2, 4, 8)
+
+
 def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
                      ring: int) -> int:
     """Bytes one device must send, under the ring model, for variant
@@ -62,12 +66,20 @@ def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
     All-gather family: each device must receive the ``ring - 1`` rhs blocks
     it lacks, and in a ring it forwards as many as it receives:
     ``(ring - 1) / ring`` of rhs, ``k * n`` elements. Reduce-scatter family:
-    the same fraction of the output, ``m * n`` elements.
+    the same fraction of the output, ``m * n`` elements. The split the variant makes must
+    be even (as :func:`compile_variant` requires): ``k`` over the ring for the all-gather
+    family, ``m`` for the reduce-scatter family, twice as many blocks for the ``bidi`` ones.
     """
     variant(name)
     m, k, n = (checks.count(what, v) for what, v in (("m", m), ("k", k), ("n", n)))
-    itemsize = checks.count("itemsize", itemsize)
-    ring = checks.count("ring", ring)
+    itemsize = checks.one_of("itemsize (bytes per element)",
+                             checks.count("itemsize", itemsize), ITEMSIZES)
+    ring = checks.count("ring", ring, maximum=checks.MAX_DEVICES)
+    blocks = ring * (2 if name.endswith("bidi") else 1)
+    if name.startswith("allgather"):
+        checks.divisible("k (rows of rhs)", k, blocks, why=f"into the blocks of {name} on {ring}")
+    else:
+        checks.divisible("m (rows of lhs)", m, blocks, why=f"into the blocks of {name} on {ring}")
     elements = k * n if name.startswith("allgather") else m * n
     return (ring - 1) * elements * itemsize // ring
 
@@ -101,7 +113,12 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
     another size than ``ring`` raise ``InputError``: ``ring`` is wrong.
     """
     _check_ops(ops)
-    ring = checks.count("ring", ring)
+    ring = checks.count("ring", ring, maximum=checks.MAX_DEVICES)
+    others = sorted({op.group_size for op in ops} - {1, ring})
+    if others:
+        raise checks.InputError(
+            f"ring={ring}, but the collectives of ops run over groups of {others} devices: "
+            f"pass ring={others[0]}, the size of the mesh axis the program's ring runs over.")
     totals = {"forward": 0, "backward": 0, "other": 0}
     for op in ops:
         steps = ({target - source for source, target in op.groups}
@@ -278,7 +295,7 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
     indices of its per-device code (the one-collective variants: before and
     after their collective)."""
     variant(name)
-    ring = checks.count("ring", ring)
+    ring = checks.count("ring", ring, maximum=64)  # a diagram, one row per device
     devices = range(ring)
     every_block = tuple(range(ring))
     if name == "allgather":

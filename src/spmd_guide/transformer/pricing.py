@@ -44,12 +44,31 @@ def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
     ``jax.ShapeDtypeStruct``s laid out as the strategy lays them out; nothing is run.
 
     ``devices``: a list of devices, or a mesh (Auto or Explicit axes) whose devices to use;
-    the strategy builds its own mesh over them. Sizes that do not split over that mesh raise
-    the strategy's ``InputError``."""
+    the strategy builds its own mesh over them. Sizes that do not split over that mesh (a
+    batch the data axis does not divide, a width the model axis does not) raise
+    ``InputError`` naming the size and the axis, before anything is compiled."""
     name = hardware.choice("strategy", name, transformer.STRATEGIES)
     batch = checks.count("batch", batch)
     config = transformer.Config(**_sizes(config))
-    return _transformer_counts(name, config, batch, roofline.as_devices(devices))
+    devices = roofline.as_devices(devices)
+    _check_layout(name, config, batch, devices)
+    return _transformer_counts(name, config, batch, devices)
+
+
+def _check_layout(name: str, config: Any, batch: int, devices: tuple[jax.Device, ...]) -> None:
+    """Every array of strategy ``name``'s step splits evenly over its mesh: the tokens
+    ``[batch, seq_len + 1]`` and each parameter (:func:`spmd_guide.core.checks.spec_fits`)."""
+    strategy = transformer.STRATEGIES[name]
+    mesh = strategy.mesh(list(devices))
+    strategy.loss(mesh, config)  # the strategy's own checks of the config (heads, sequence)
+    checks.spec_fits(f"the tokens [batch={batch}, seq_len + 1] of strategy {name!r}",
+                     (batch, config.seq_len + 1), strategy.token_spec(), mesh)
+    shapes = abstract_params(config)
+    paths = jax.tree_util.tree_leaves_with_path(shapes)
+    for (path, leaf), sharding in zip(paths, jax.tree.leaves(strategy.shardings(shapes, mesh)),
+                                      strict=True):
+        checks.spec_fits(f"parameter {jax.tree_util.keystr(path)} of strategy {name!r}",
+                         leaf.shape, sharding.spec, mesh)
 
 
 def abstract_params(config: lm.Config) -> Any:
