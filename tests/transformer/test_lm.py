@@ -264,3 +264,22 @@ def test_the_model_nests_inside_other_programs():
     loss = jax.eval_shape(lambda k: lm_loss(init_params(k, CONFIG), lm.counting_task(
         k, batch=2, config=CONFIG), config=CONFIG), jax.random.key(2))
     assert loss.shape == ()
+
+
+def test_nan_in_nan_out_is_documented_and_holds():
+    """Values inside arrays are not inspected (a pass over them, impossible under jit): a NaN
+    logit gives a NaN loss, and the docstring says so."""
+    logits = jnp.zeros((2, 3, 8)).at[0, 0, 0].set(jnp.nan)
+    assert math.isnan(float(lm.cross_entropy(logits, jnp.zeros((2, 3), jnp.int32))))
+    assert "NaN" in lm.cross_entropy.__doc__
+
+
+@pytest.mark.parametrize(("call", "word"), [
+    (lambda: lm.against_uniform(-1.0, 16), "loss must be at least 0"),
+    (lambda: lm.param_count({"w": 3}), "params"),
+    (lambda: lm.param_count(2.5), "params"),
+])
+def test_values_no_model_can_have_are_refused(call, word):
+    from spmd_guide.core.checks import InputError
+    with pytest.raises(InputError, match=word):
+        call()

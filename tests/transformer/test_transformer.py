@@ -407,3 +407,26 @@ def test_cp_all_gather_carries_the_position_gradient_not_the_sequence():
     table = 32 * 32 * 4
     assert zigzag["bytes sent"] - cp["bytes sent"] == \
         hlo.ring_bytes("all-reduce", table, 4) - hlo.ring_bytes("all-gather", table, 4) == 3072
+
+
+def test_state_shardings_refuses_shardings_that_do_not_match_the_params():
+    """Review: a sharding leaf missing leaked zip's error; now the argument is named."""
+    import optax
+    params = init_params(jax.random.key(0), CONFIG)
+    mesh = _mesh("dp", 2)
+    shardings = STRATEGIES["dp"].shardings(params, mesh)
+    state = jax.eval_shape(optax.adam(1e-3).init, params)
+    missing = dict(shardings)
+    missing.pop("embed")
+    with pytest.raises(ValueError, match="param_shardings must have one leaf per leaf of params"):
+        transformer.state_shardings(state, params, missing, mesh)
+    with pytest.raises(ValueError, match="state"):
+        transformer.state_shardings({"x": "text"}, params, shardings, mesh)
+    assert jax.tree.structure(transformer.state_shardings(state, params, shardings, mesh)) == \
+        jax.tree.structure(state)
+
+
+def test_param_specs_refuse_a_mesh_without_the_strategys_axes():
+    params = init_params(jax.random.key(0), CONFIG)
+    with pytest.raises(ValueError, match="needs 'model'"):
+        STRATEGIES["tp"].param_specs(params, _mesh("dp", 2))

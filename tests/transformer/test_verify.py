@@ -9,6 +9,7 @@ import jax
 import pytest
 from helpers import DEVICES
 
+from spmd_guide.core import checks
 from spmd_guide.transformer import lm, verify
 from spmd_guide.transformer.transformer import STRATEGIES, Config, init_params
 
@@ -41,3 +42,19 @@ def test_zero_gradients_leave_the_param_layout_on_auto_axes_unless_pinned(name):
 def test_unsplit_or_megatron_gradients_keep_the_param_layout_unpinned(name):
     assert _row(name, "auto")["unpinned grads in param layout"] == "20/20"
     assert _row(name, "explicit")["unpinned grads in param layout"] == "20/20"
+
+
+# --------------------------------------------------------------------------- bad input, by class
+def test_spec_table_refuses_a_mesh_without_the_strategys_axes():
+    params = init_params(jax.random.key(0), CONFIG)
+    data_only = STRATEGIES["dp"].mesh(DEVICES)
+    with pytest.raises(checks.InputError, match=r"meshes\['tp'\] has axes \('data',\)"):
+        verify.spec_table(params, {"tp": data_only})
+    tp = STRATEGIES["tp"].mesh(DEVICES)
+    assert "P(None, 'model', None)" in {row["tp"] for row in verify.spec_table(params, {"tp": tp})}
+
+
+@pytest.mark.parametrize("rows", [None, 3, "rows", []])
+def test_rounding_words_refuses_what_is_not_rows(rows):
+    with pytest.raises(checks.InputError, match="rows"):
+        verify.rounding_words(rows)

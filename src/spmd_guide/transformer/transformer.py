@@ -149,7 +149,7 @@ class Strategy:
     def param_specs(self, params: Params, mesh: Mesh) -> Any:
         """A ``PartitionSpec`` for every parameter leaf."""
         config_of(params)
-        checks.mesh("mesh", mesh)
+        checks.mesh_axes("mesh", mesh, self.axes, why=f"(strategy {self.name!r} uses them)")
 
         def spec(path, leaf):
             entries = _TP.get(_leaf_name(path), (None,) * leaf.ndim) if self.tensor else \
@@ -273,8 +273,11 @@ def state_shardings(state: Any, params: Params, param_shardings: Any, mesh: Mesh
     take that parameter's sharding, everything else (the step count) is replicated."""
     checks.mesh("mesh", mesh)
     checks.array_tree("params", params)
+    checks.same_structure("param_shardings", param_shardings, params, other="params")
     for s in jax.tree.leaves(param_shardings):
         checks.sharding("a leaf of param_shardings", s)
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: x is None):
+        checks.array("a leaf of state", leaf)
     by_path = {tuple(map(str, path)): (leaf.shape, s) for (path, leaf), s in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(param_shardings),
         strict=True)}
@@ -283,7 +286,7 @@ def state_shardings(state: Any, params: Params, param_shardings: Any, mesh: Mesh
         keys = tuple(map(str, path))
         for start in range(len(keys)):
             shape, sharding = by_path.get(keys[start:], (None, None))
-            if sharding is not None and tuple(shape) == tuple(leaf.shape):
+            if sharding is not None and tuple(shape) == tuple(np.shape(leaf)):
                 return sharding
         return NamedSharding(mesh, P())
 

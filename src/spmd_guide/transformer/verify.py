@@ -108,6 +108,9 @@ def rounding_words(rows: Sequence[StrategyCheck]) -> str:
     """A sentence on the largest loss difference among :func:`check_strategy` rows, in units
     of the gap between neighbouring float32 numbers at the reference loss (so a reader sees
     it is rounding), or that every loss is exact."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise checks.InputTypeError(
+            f"rows must be a list of check_strategy rows, got {checks.value_text(rows)}.")
     rows = list(rows)
     if not rows or not all(isinstance(r, StrategyCheck) for r in rows):
         raise checks.InputTypeError("rows must be a non-empty list of check_strategy rows.")
@@ -134,7 +137,8 @@ def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
             f"{checks.value_text(meshes)}.")
     for name, mesh in meshes.items():
         checks.one_of("strategy", name, STRATEGIES)
-        checks.mesh(f"meshes[{name!r}]", mesh)
+        checks.mesh_axes(f"meshes[{name!r}]", mesh, STRATEGIES[name].axes,
+                         why=f"(strategy {name!r} splits over them)")
     leaves = jax.tree_util.tree_leaves_with_path(params)
     specs = {name: jax.tree.leaves(STRATEGIES[name].param_specs(params, mesh))
              for name, mesh in meshes.items()}
