@@ -127,8 +127,13 @@ def test_collective_breakdown_refuses_a_mesh_that_is_not_the_programs():
     text, mesh = _summed_over_a()
     assert {r["axis"] for r in breakdown.collective_breakdown(text, mesh, by=("axis",))} == {"a"}
     other = build_mesh((2, 4), ("a", "b"), devices=DEVICES)
-    with pytest.raises(checks.InputError, match="do not follow the axes of mesh"):
+    with pytest.raises(checks.InputError, match="names the mesh"):
         breakdown.collective_breakdown(text, other, by=("axis",))
+    scrambled = build_mesh((4, 2), ("c", "d"), devices=DEVICES)  # other names: groups decide
+    assert breakdown.collective_breakdown(text, scrambled, by=("axis",))[0]["axis"] == "c"
+    ring = [DEVICES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7)]
+    flat = build_mesh((8,), ("x",), devices=ring)
+    assert breakdown.collective_breakdown(text, flat, by=("axis",))[0]["axis"] == "x"
     small = build_mesh((4,), ("a",), devices=DEVICES[:4])
     with pytest.raises(checks.InputError, match="runs on 8"):
         breakdown.collective_breakdown(text, small, by=("axis",))

@@ -395,6 +395,8 @@ def test_cp_all_gather_carries_the_position_gradient_not_the_sequence():
     table; cp_zigzag all-reduces that table with the other gradients instead, which costs
     the difference between the two collectives on one [seq_len, d_model] table."""
     cp, zigzag = _ring_checks()
+    # ring_attention.md: whole parameters, so gradients come back replicated unpinned too.
+    assert all(cp.unpinned_in_layout) and all(zigzag.unpinned_in_layout)
     gathers = [r for r in breakdown.collective_breakdown(cp.hlo)
                if r["collective"] == "all-gather"]
     assert gathers == [{"pass": "backward", "where": 'params["pos"][positions]',

@@ -133,9 +133,10 @@ def _collectives(text: str) -> tuple[hlo.Collective, ...]:
 
 
 def _check_mesh_fits(text: str, mesh: Mesh) -> None:
-    """``mesh`` can be the program's: as many devices as it has partitions x replicas, and
-    every device group a set of whole mesh lines (the devices along some of its axes).
-    Which physical devices the program ran on is not in its text; this is what is."""
+    """``mesh`` can be the program's: as many devices as it has partitions x replicas, the
+    same axis sizes where the program prints its mesh by ``mesh``'s axis names, and every
+    device group a grid along the mesh's axes (as a collective over mesh axes or sub-axes
+    makes). Which physical devices the program ran on is not in its text; this is what is."""
     partitions = re.search(r"num_partitions=(\d+)", text)
     replicas = re.search(r"replica_count=(\d+)", text)
     n = (int(partitions.group(1)) if partitions else 1) * (int(replicas.group(1)) if replicas
@@ -146,16 +147,23 @@ def _check_mesh_fits(text: str, mesh: Mesh) -> None:
             f"(num_partitions x replica_count): pass the mesh it was compiled for.")
     shape = tuple(mesh.devices.shape)
     for op in collectives(text):
+        printed = re.search(r"replica_groups=mesh\[([^\]]*)\]", op.line)
+        named = dict((name, int(n)) for name, n in re.findall(r"'?([^',=\s]+)'?=(\d+)",
+                                                      printed.group(1))) if printed else {}
+        if set(named) == set(mesh.axis_names) and named != dict(mesh.shape):
+            raise checks.InputError(
+                f"{op.name} names the mesh {named}, but mesh is {dict(mesh.shape)}: pass the "
+                f"mesh the program was compiled for.")
         if op.kind == "collective-permute" or not op.groups:
             continue
-        axes = _axes(op.groups, mesh)
-        size = int(np.prod([mesh.shape[a] for a in axes.split(", ")])) if axes != "none" else 1
-        if any(len(g) != size for g in op.groups):
-            raise checks.InputError(
-                f"the device groups of {op.name} ({op.kind}, groups of {len(op.groups[0])}) do "
-                f"not follow the axes of mesh {dict(mesh.shape)} (they vary along {axes}, "
-                f"{size} devices; mesh shape {shape}): pass the mesh the program was "
-                f"compiled for.")
+        for group in op.groups:  # a collective over mesh (sub-)axes spans a sub-grid
+            coords = np.array([np.unravel_index(d, shape) for d in group]).reshape(len(group), -1)
+            spans = [len(set(coords[:, i])) for i in range(coords.shape[1])]
+            if int(np.prod(spans)) != len(group):
+                raise checks.InputError(
+                    f"the device groups of {op.name} ({op.kind}) do not follow the axes of mesh "
+                    f"{dict(mesh.shape)}: group {group} is not a grid of its devices along the "
+                    f"mesh's axes. Pass the mesh the program was compiled for.")
 
 
 def collective_breakdown(text: str, mesh: Mesh | None = None, *,
