@@ -354,3 +354,36 @@ def test_malformed_tile_assignments_say_what_and_the_form(text, word):
     with pytest.raises(checks.InputError, match=word) as info:
         device_groups.parse_tile_assignment(text)
     assert "expected GSPMD's notation" in str(info.value)
+
+
+@st.composite
+def _sub_axis_case(draw):
+    """mesh[...] with one axis grouped by a sub-axis ``:(pre)size`` and the device order an
+    iota ``device_ids=([dims]T(perm))``; reference: XLA's recipe (the axis reshaped to [pre,
+    size, rest], groups along ``size``) on the device array."""
+    sizes = draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=1, max_size=3).filter(
+        lambda s: max(s) >= 4 and math.prod(s) <= 64))
+    names = [f"ax{i}" for i in range(len(sizes))]
+    axis = draw(st.sampled_from([i for i, s in enumerate(sizes) if s >= 4]))
+    full = sizes[axis]
+    pre, size = draw(st.sampled_from([(p, s) for p in (1, 2, 4) for s in (2, 4)
+                                      if s < full and full % (p * s) == 0]))
+    total = math.prod(sizes)
+    perm = draw(st.permutations(range(len(sizes))))
+    ids_dims = [sizes[p] for p in perm]  # any iota over the mesh's devices
+    devices = np.arange(total).reshape(ids_dims).transpose(np.argsort(perm)).reshape(-1)
+    text = ("mesh[" + ",".join(f"'{n}'={s}" for n, s in zip(names, sizes, strict=True)) + "]"
+            + f", device_ids=([{_ints_text(ids_dims)}]T({_ints_text(np.argsort(perm))})) "
+            + "{" + f"'{names[axis]}':({pre}){size}" + "}")
+    split = sizes[:axis] + [pre, size, full // (pre * size)] + sizes[axis + 1:]
+    keep = axis + 1
+    rest = [i for i in range(len(split)) if i != keep]
+    reference = devices.reshape(split).transpose(rest + [keep]).reshape(-1, size)
+    return text, tuple(tuple(int(d) for d in row) for row in reference)
+
+
+@settings(max_examples=30, deadline=None)
+@given(_sub_axis_case())
+def test_sub_axes_and_iota_device_ids_parse_to_xlas_recipe(case):
+    text, reference = case
+    assert device_groups.parse_replica_groups(text) == reference
