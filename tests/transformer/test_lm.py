@@ -283,3 +283,11 @@ def test_values_no_model_can_have_are_refused(call, word):
     from spmd_guide.core.checks import InputError
     with pytest.raises(InputError, match=word):
         call()
+
+
+def test_counting_task_refuses_a_stride_of_vocab_or_more():
+    """A stride of vocab counts by 0: every sequence would repeat one token."""
+    from spmd_guide.core.checks import InputError
+    config = Config(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=1, seq_len=8)
+    with pytest.raises(InputError, match="strides\\[0\\] must be at most 15"):
+        lm.counting_task(jax.random.key(0), batch=2, config=config, strides=(16,))

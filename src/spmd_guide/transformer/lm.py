@@ -378,6 +378,8 @@ def counting_task(key: jax.Array, *, batch: int, config: Config,
     batch = checks.count("batch", batch)
     config = check_config(config)
     strides = checks.counts("strides", strides)
+    for i, stride in enumerate(strides):  # a stride of vocab (or more) counts by stride % vocab
+        checks.count(f"strides[{i}]", stride, maximum=config.vocab - 1)
     return _call(_counting_task, key, batch, config, strides)
 
 
