@@ -40,6 +40,7 @@ from spmd_guide.serving import serving  # noqa: E402
 from spmd_guide.shard_map import ring_costs  # noqa: E402
 from spmd_guide.transformer import attention, breakdown, lm, memory, pricing  # noqa: E402
 from spmd_guide.transformer import transformer as tf  # noqa: E402
+from spmd_guide.transformer import verify as tfv  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 #: The battery of wrong values for an argument that counts something (a positive int).
@@ -241,19 +242,19 @@ BAD.update({
         tf.STRATEGIES["dp"], mesh_of(2, ("data",)), CFG, PARAMS, optimizer="adam"),
     "transformer: tp heads indivisible": lambda: tf.train_step(
         tf.STRATEGIES["tp"], mesh_of(4, ("model",)), CFG, PARAMS, optimizer=lm.optimizer()),
-    "transformer: check_strategy tokens >= vocab": lambda: tf.check_strategy(
+    "transformer: check_strategy tokens >= vocab": lambda: tfv.check_strategy(
         tf.STRATEGIES["dp"], mesh_of(2, ("data",)), CFG, PARAMS, TOKENS + 16),
-    "transformer: check_strategy batch odd": lambda: tf.check_strategy(
+    "transformer: check_strategy batch odd": lambda: tfv.check_strategy(
         tf.STRATEGIES["dp"], mesh_of(2, ("data",)), CFG, PARAMS, TOKENS[:1]),
-    "transformer: rounding_words str": lambda: tf.rounding_words("rows"),
-    "transformer: spec_table meshes list": lambda: tf.spec_table(PARAMS, [M2]),
-    "transformer: predicted batch 0": lambda: tf.predicted_comm_bytes(
+    "transformer: rounding_words str": lambda: tfv.rounding_words("rows"),
+    "transformer: spec_table meshes list": lambda: tfv.spec_table(PARAMS, [M2]),
+    "transformer: predicted batch 0": lambda: tfv.predicted_comm_bytes(
         tf.STRATEGIES["dp"], mesh_of(2, ("data",)), CFG, PARAMS, 0),
-    "transformer: predicted batch str": lambda: tf.predicted_comm_bytes(
+    "transformer: predicted batch str": lambda: tfv.predicted_comm_bytes(
         tf.STRATEGIES["dp"], mesh_of(2, ("data",)), CFG, PARAMS, "8"),
-    "transformer: predicted batch indivisible": lambda: tf.predicted_comm_bytes(
+    "transformer: predicted batch indivisible": lambda: tfv.predicted_comm_bytes(
         tf.STRATEGIES["dp"], mesh_of(4, ("data",)), CFG, PARAMS, 6),
-    "transformer: predicted strategy name": lambda: tf.predicted_comm_bytes(
+    "transformer: predicted strategy name": lambda: tfv.predicted_comm_bytes(
         "fsdp", mesh_of(2, ("data",)), CFG, PARAMS, 8),
     # ---- breakdown / memory / pricing
     "breakdown: text None": lambda: breakdown.collective_breakdown(None),
@@ -688,11 +689,11 @@ VALID = {
     "attention: saved explicit": lambda: attention.saved_for_backward(Q, Q, Q, E2, "x",
                                                                       causal=True),
     "transformer: auto_mesh explicit": lambda: tf.auto_mesh(mesh_of(2, ("data",), explicit=True)),
-    "transformer: check_strategy explicit": lambda: tf.check_strategy(
+    "transformer: check_strategy explicit": lambda: tfv.check_strategy(
         tf.STRATEGIES["dp"], mesh_of(2, ("data",), explicit=True), CFG, PARAMS, TOKENS9),
-    "transformer: predicted numpy batch": lambda: tf.predicted_comm_bytes(
+    "transformer: predicted numpy batch": lambda: tfv.predicted_comm_bytes(
         tf.STRATEGIES["fsdp"], mesh_of(2, ("data",)), CFG, PARAMS, np.int64(8)),
-    "transformer: spec_table explicit": lambda: tf.spec_table(
+    "transformer: spec_table explicit": lambda: tfv.spec_table(
         PARAMS, {"dp": mesh_of(2, ("data",), explicit=True)}),
     "breakdown: scatter explicit": lambda: breakdown.scatter_forms(E2, "x"),
     "memory: predicted numpy": lambda: memory.predicted_bytes(

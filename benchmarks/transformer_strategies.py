@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
 
     from spmd_guide.core import hlo
     from spmd_guide.core.timing import time_fn
-    from spmd_guide.transformer import lm, transformer
+    from spmd_guide.transformer import lm, transformer, verify
 
     config = lm.Config(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads,
                        d_ff=args.d_ff, n_layers=args.layers, seq_len=args.seq_len)
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
         ops = hlo.collectives_in_text(compiled.as_text())
         memory = compiled.memory_analysis()
         timing = time_fn(compiled, sp, state, st, runs=args.runs, label=name)
-        pred = transformer.predicted_comm_bytes(strategy, mesh, config, params, args.batch)
+        pred = verify.predicted_comm_bytes(strategy, mesh, config, params, args.batch)
         held = transformer._bytes_per_device((sp, state))
         counts: dict[str, int] = {}
         for op in ops:

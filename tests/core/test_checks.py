@@ -90,3 +90,25 @@ BAD = [
 def test_bad_values_get_an_error_that_names_them(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_text_instance_record_structure_and_mesh_axes():
+    with pytest.raises(InputError, match="title must be a non-empty string"):
+        checks.text("title", " ")
+    assert checks.text("title", "", empty=True) == ""
+    with pytest.raises(InputTypeError, match="title must be a string"):
+        checks.text("title", 3)
+    with pytest.raises(InputTypeError, match="ax must be an Axes"):
+        checks.instance("ax", "left", int, example="an Axes")
+    assert checks.record("row", {"a": 1, "b": 2}, required=("a",)) == {"a": 1, "b": 2}
+    with pytest.raises(InputError, match="row lacks 'b'"):
+        checks.record("row", {"a": 1}, required=("a", "b"))
+    with pytest.raises(InputTypeError, match="row must be a dict"):
+        checks.record("row", [("a", 1)], required=("a",))
+    checks.same_structure("s", {"a": 1, "b": 2}, {"a": 0, "b": 0}, other="params")
+    with pytest.raises(InputError, match="s must have one leaf per leaf of params"):
+        checks.same_structure("s", {"a": 1}, {"a": 0, "b": 0}, other="params")
+    mesh = mesh_of(2, ("data",))
+    assert checks.mesh_axes("mesh", mesh, ("data",)) is mesh
+    with pytest.raises(InputError, match="needs 'model'"):
+        checks.mesh_axes("mesh", mesh, ("data", "model"))

@@ -148,3 +148,26 @@ def test_bad_files_get_clear_errors(tmp_path):
     path = results.save(tmp_path / "x.json", benchmark="b", command=[], settings={}, rows=ROWS)
     with pytest.raises(InputError, match="column"):
         results.load(path).table(["nope"])
+
+
+@pytest.mark.parametrize(("record", "word"), [
+    ({"rows": "abc"}, "'rows' is a str"),
+    ({"settings": [1]}, "'settings' is a list"),
+    ({"rows": [{"a": 1}, {"b": 2}]}, "same columns"),
+    ({"rows": [1, 2]}, "same columns"),
+])
+def test_load_refuses_a_file_save_did_not_write(tmp_path, record, word):
+    path = results.save(tmp_path / "r.json", benchmark="b", command="benchmarks/x.py",
+                        settings={"n": 1}, rows=[{"a": 1}])
+    data = json.loads(path.read_text()) | record
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=word):
+        results.load(path)
+
+
+def test_table_refuses_repeated_columns(tmp_path):
+    path = results.save(tmp_path / "r.json", benchmark="b", command="benchmarks/x.py --n 1",
+                        settings={}, rows=[{"a": 1, "b": 2}])
+    with pytest.raises(InputError, match="twice"):
+        results.load(path).table(["a", "a"])
+    assert results.load(path).table(["b", "a"]) is not None

@@ -191,3 +191,26 @@ def test_notes_follow_the_layouts():
     assert "No strategy gets its gradients back" in cheat_sheet.notes([drifting])
     with pytest.raises(InputError, match="layout"):
         cheat_sheet.notes([])
+
+
+@pytest.mark.parametrize(("args", "word"), [
+    (({"data": 8}, "garbage", ["P()"]), "batch_spec 'garbage' is not a spec"),
+    (({"data": 8}, "P('data', None)", ["P('model', None)"]), "weight_specs\\[0\\].*'model'"),
+    (({"data": 8}, "P('batch')", ["P()"]), "batch_spec.*'batch'"),
+    (({"data": 8}, "P('data'", ["P()"]), "batch_spec"),
+])
+def test_family_refuses_specs_it_cannot_read(args, word):
+    """Review: an unreadable spec fell through to 'replicated'."""
+    with pytest.raises(InputError, match=word):
+        cheat_sheet.family(*args)
+
+
+def test_family_reads_every_form_spec_text_writes():
+    assert cheat_sheet.family({"a": 8, "b": 1}, "P(('a', 'b'), None)", ["P(None, None)"]) == "DP"
+    assert cheat_sheet.family({"data": 8}, "P()", ["P(None, 'data')"]) == "TP"
+
+
+def test_spec_text_refuses_fewer_dimensions_than_the_spec_names():
+    mesh = jax.make_mesh((2,), ("data",), devices=DEVICES[:2])
+    with pytest.raises(InputError, match="ndim must be at least 2"):
+        cheat_sheet.spec_text(NamedSharding(mesh, P("data", None)), 1)

@@ -147,15 +147,15 @@ def test_bad_inputs():
     cases = [
         (lambda: axes.pipeline_bytes(100, 8, sends="2"), checks.InputTypeError, "sends"),
         (lambda: axes.pipeline_bytes(100, 8, sends=-1), checks.InputError, "sends"),
-        (lambda: axes.pipeline_bytes(100, "8", sends=2), checks.InputTypeError, "group_size"),
-        (lambda: axes.pipeline_bytes(-100, 1, sends=2), checks.InputError, "buffer_bytes"),
+        (lambda: axes.pipeline_bytes(100, "8", sends=2), checks.InputTypeError, "n must"),
+        (lambda: axes.pipeline_bytes(-100, 1, sends=2), checks.InputError, "activation_bytes"),
         (lambda: axes.fsdp_bytes(100, 8, gathers=1.5), checks.InputTypeError, "gathers"),
         (lambda: axes.tensor_bytes(100, 8, all_reduces=None), checks.InputTypeError,
          "all_reduces"),
         (lambda: axes.expert_bytes(100, 8, all_to_alls=True), checks.InputTypeError,
          "all_to_alls"),
-        (lambda: axes.data_bytes(100, 0), checks.InputError, "group_size"),
-        (lambda: axes.data_bytes(float("nan"), 8), checks.InputTypeError, "buffer_bytes"),
+        (lambda: axes.data_bytes(100, 0), checks.InputError, "n must"),
+        (lambda: axes.data_bytes(float("nan"), 8), checks.InputTypeError, "grad_bytes"),
         (lambda: axes.Model(n_layers=4, d_model=8, d_ff=32, batch=16, seq_len=4,
                             capacity_factor=float("nan")), checks.InputError, "finite"),
         (lambda: axes.Model(n_layers=4.0, d_model=8, d_ff=32, batch=16, seq_len=4),
@@ -222,3 +222,39 @@ def test_chapter_placement_and_exercises():
     # Exercise 2: nodes of 4 devices keep only the tensor axis inside.
     four = axes.place_axes(rows, devices_per_node=4)
     assert [a for a, link in four.items() if link == "fast"] == ["tensor"]
+
+
+# --------------------------------------------------------------------------- bad input, by class
+@pytest.mark.parametrize(("call", "word"), [
+    (lambda: axes.data_bytes(-100, 8), "grad_bytes"),
+    (lambda: axes.data_bytes(100, 0), "n must"),
+    (lambda: axes.fsdp_bytes(-1, 8), "param_bytes"),
+    (lambda: axes.tensor_bytes(-1, 8, all_reduces=2), "activation_bytes"),
+    (lambda: axes.pipeline_bytes("1", 8, sends=2), "activation_bytes"),
+    (lambda: axes.expert_bytes(2.5, 8, all_to_alls=1), "buffer_bytes"),
+    (lambda: axes.place_axes([], devices_per_node=4), "rows"),
+])
+def test_each_formula_names_its_own_argument(call, word):
+    with pytest.raises(checks.InputError, match=word):
+        call()
+
+
+def test_programs_check_their_arrays_before_jax_does():
+    """30 rows over 8 devices: the package says which array and which axis, where JAX would
+    raise its own IndivisibleError."""
+    mesh = mesh_of(8, ("a",))
+    w, x = jnp.ones((4, 4)), jnp.ones((30, 4))
+    with pytest.raises(checks.InputError, match="dimension 0 of x is 30"):
+        axes.data_program(mesh, "a")(w, x)
+    with pytest.raises(checks.InputTypeError, match="2 arrays"):
+        axes.data_program(mesh, "a")(w)
+    with pytest.raises(checks.InputError, match="w1"):
+        axes.tensor_program(mesh, "a")(jnp.ones((8, 4)), jnp.ones((4, 12)), jnp.ones((12, 4)))
+    assert axes.data_program(mesh, "a")(w, jnp.ones((32, 4))).shape == (4, 4)
+    assert axes.data_bytes(0, 8) == 0  # nothing to send is a valid edge case
+
+
+def test_traffic_refuses_widths_the_tensor_axis_does_not_split():
+    model = axes.Model(n_layers=2, d_model=9, d_ff=16, batch=8, seq_len=8)
+    with pytest.raises(checks.InputError, match="d_model is 9"):
+        axes.traffic(model, {"tensor": 2})

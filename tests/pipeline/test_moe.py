@@ -358,3 +358,33 @@ def test_descending_on_the_aux_loss_evens_the_router():
     assert int(before["dropped"]) == 13 and int(after["dropped"]) == 0
     assert float(after["aux_loss"]) < float(before["aux_loss"])
     assert float(after["aux_loss"]) == pytest.approx(1.0, abs=5e-4)
+
+
+# --------------------------------------------------------------------------- bad input, by class
+SIZES = {"top_k": 2, "capacity_factor": 1.0, "d_model": 8}
+
+
+@pytest.mark.parametrize(("call", "word"), [
+    # Experts that do not split over the devices (6 experts, 8 devices): the layer refuses
+    # them, so must its costs.
+    (lambda: moe.all_to_all_bytes(32, 8, n_experts=6, **SIZES), "n_experts"),
+    (lambda: moe.dispatch_buffer_bytes(32, 8, n_experts=6, **SIZES), "n_experts"),
+    (lambda: moe.dispatch_buffer_bytes(32, 8, n_experts=6, rule="per_device", **SIZES),
+     "n_experts"),
+    (lambda: moe.dispatch_slots(32, 8, top_k=2, n_experts=12, capacity_factor=1.0), "n_experts"),
+    (lambda: moe.draw_traffic(np.ones((2, 2), int), title=3), "title"),
+    (lambda: moe.draw_traffic(-np.ones((2, 2), int)), "negative"),
+])
+def test_sizes_and_strings_the_layer_would_refuse_are_refused(call, word):
+    with pytest.raises(checks.InputError, match=word):
+        call()
+
+
+def test_costs_accept_experts_that_split():
+    assert moe.all_to_all_bytes(32, 8, n_experts=16, **SIZES) > 0
+    assert moe.dispatch_slots(32, 8, top_k=2, n_experts=8, capacity_factor=1.0) >= 1
+
+
+def test_lowered_all_to_alls_refuses_arguments_that_are_not_arrays():
+    with pytest.raises(checks.InputError, match="args"):
+        moe.lowered_all_to_alls(lambda t: t, "a")

@@ -223,3 +223,28 @@ def test_each_ppermute_sends_s_minus_one_messages(model):
                 if op.kind == "collective-permute"]
     pairs = sorted(tuple(sorted(op.groups)) for op in permutes)
     assert pairs == [((0, 1), (1, 2), (2, 3)), ((1, 0), (2, 1), (3, 2))]
+
+
+@pytest.mark.parametrize(("rows", "word"), [
+    ([{"schedule": "gpipe"}], "rows\\[0\\] lacks"),
+    ([], "non-empty"),
+    ("rows", "non-empty"),
+    ([["schedule"]], "rows\\[0\\] must be a dict"),
+])
+def test_profile_table_refuses_rows_profile_did_not_make(rows, word):
+    with pytest.raises(InputError, match=word):
+        pipeline.profile_table(rows)
+
+
+def test_profile_table_shows_a_complete_row():
+    row = dict.fromkeys(pipeline.PROFILE_COLUMNS, "1") | {"_error": 0.0}
+    assert "_error" not in str(pipeline.profile_table([row]))
+
+
+def test_integer_biases_and_targets_are_refused():
+    params = pipeline.init_stack(jax.random.key(0), 4, 4)
+    x, y = pipeline.make_batch(jax.random.key(1), 8, 4)
+    with pytest.raises(InputTypeError, match="params\\['b'\\]"):
+        pipeline.stack_loss({"w": params["w"], "b": params["b"].astype(int)}, (x, y))
+    with pytest.raises(InputTypeError, match="y must"):
+        pipeline.stack_loss(params, (x, y.astype(int)))

@@ -216,3 +216,15 @@ def test_schedule_figure_shows_as_svg_with_its_alt_text():
     fig = schedules.draw_schedule(schedules.build_schedule("1f1b", 2, 3))
     shown = show_figure(fig, alt='a "grid"')._repr_html_()
     assert "image/svg+xml" in shown and "alt='a &quot;grid&quot;'" in shown
+
+
+def test_draw_schedule_refuses_what_is_not_an_axes():
+    schedule = schedules.build_schedule("gpipe", 2, 2)
+    with pytest.raises(InputTypeError, match="ax must be a matplotlib Axes"):
+        schedules.draw_schedule(schedule, ax="left")
+
+
+def test_a_schedule_with_tables_of_the_wrong_shape_is_refused():
+    bad = schedules.Schedule("gpipe", 2, 2, np.zeros((3, 3), int), np.zeros((3, 3), int))
+    with pytest.raises(InputError, match="n_stages=2"):
+        schedules.idle_rows(bad)

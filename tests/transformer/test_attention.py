@@ -204,3 +204,20 @@ def test_ring_figure_has_a_colour_bar_for_the_share_kept():
     assert bar_ax.get_ylim() == (0, 1)
     assert [t.get_text() for t in image_ax.texts][:2] == ["KV0", "KV3"]
     plt.close(fig)
+
+
+def test_nan_in_nan_out_is_documented_and_holds():
+    q = np.ones((1, 4, 1, 2), np.float32)
+    k = q.copy()
+    k[0, 0, 0, 0] = np.nan
+    out = np.asarray(reference_attention(q, k, q, causal=True))
+    assert np.isnan(out).all()  # every query sees key 0
+    assert "NaN" in reference_attention.__doc__
+
+
+def test_ring_attention_local_outside_shard_map_says_where_to_call_it():
+    from spmd_guide.core.checks import InputError
+    q = np.ones((1, 4, 1, 2), np.float32)
+    with pytest.raises(InputError, match="inside jax.shard_map"):
+        attention.ring_attention_local(q, q, q, axis_name="x",
+                                       positions=np.zeros((2, 4), np.int32), causal=True)

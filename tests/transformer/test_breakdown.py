@@ -11,6 +11,7 @@ from helpers import DEVICES
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from spmd_guide.core import checks
 from spmd_guide.core.devices import build_mesh
 from spmd_guide.transformer import breakdown
 
@@ -112,3 +113,34 @@ def test_axes_read_the_same_from_a_mesh_of_explicit_axes():
         breakdown.collective_breakdown(compiled, mesh, by=("axis",)) == [
             {"axis": "a", "collective": "all-reduce", "ops": 1, "each carries": "f32[4,4]",
              "bytes sent": 64}]
+
+
+# --------------------------------------------------------------------------- bad input, by class
+def _summed_over_a():
+    """A program on a 4 x 2 mesh ('a', 'b') with an all-reduce over 'a'."""
+    mesh = build_mesh((4, 2), ("a", "b"), devices=DEVICES)
+    x = jax.device_put(jnp.ones((8, 8)), NamedSharding(mesh, P("a", "b")))
+    return jax.jit(lambda t: t.sum(0)).lower(x).compile().as_text(), mesh
+
+
+def test_collective_breakdown_refuses_a_mesh_that_is_not_the_programs():
+    text, mesh = _summed_over_a()
+    assert {r["axis"] for r in breakdown.collective_breakdown(text, mesh, by=("axis",))} == {"a"}
+    other = build_mesh((2, 4), ("a", "b"), devices=DEVICES)
+    with pytest.raises(checks.InputError, match="names the mesh"):
+        breakdown.collective_breakdown(text, other, by=("axis",))
+    scrambled = build_mesh((4, 2), ("c", "d"), devices=DEVICES)  # other names: groups decide
+    assert breakdown.collective_breakdown(text, scrambled, by=("axis",))[0]["axis"] == "c"
+    ring = [DEVICES[i] for i in (0, 1, 2, 3, 4, 5, 6, 7)]
+    flat = build_mesh((8,), ("x",), devices=ring)
+    assert breakdown.collective_breakdown(text, flat, by=("axis",))[0]["axis"] == "x"
+    small = build_mesh((4,), ("a",), devices=DEVICES[:4])
+    with pytest.raises(checks.InputError, match="runs on 8"):
+        breakdown.collective_breakdown(text, small, by=("axis",))
+
+
+@pytest.mark.parametrize(("text", "error"), [("garbage", "ENTRY"), ([], "text must"),
+                                             ({"a": 1}, "text must")])
+def test_collectives_refuses_what_is_not_a_program(text, error):
+    with pytest.raises(checks.InputError, match=error):
+        breakdown.collectives(text)

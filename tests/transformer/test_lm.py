@@ -264,3 +264,30 @@ def test_the_model_nests_inside_other_programs():
     loss = jax.eval_shape(lambda k: lm_loss(init_params(k, CONFIG), lm.counting_task(
         k, batch=2, config=CONFIG), config=CONFIG), jax.random.key(2))
     assert loss.shape == ()
+
+
+def test_nan_in_nan_out_is_documented_and_holds():
+    """Values inside arrays are not inspected (a pass over them, impossible under jit): a NaN
+    logit gives a NaN loss, and the docstring says so."""
+    logits = jnp.zeros((2, 3, 8)).at[0, 0, 0].set(jnp.nan)
+    assert math.isnan(float(lm.cross_entropy(logits, jnp.zeros((2, 3), jnp.int32))))
+    assert "NaN" in lm.cross_entropy.__doc__
+
+
+@pytest.mark.parametrize(("call", "word"), [
+    (lambda: lm.against_uniform(-1.0, 16), "loss must be at least 0"),
+    (lambda: lm.param_count({"w": 3}), "params"),
+    (lambda: lm.param_count(2.5), "params"),
+])
+def test_values_no_model_can_have_are_refused(call, word):
+    from spmd_guide.core.checks import InputError
+    with pytest.raises(InputError, match=word):
+        call()
+
+
+def test_counting_task_refuses_a_stride_of_vocab_or_more():
+    """A stride of vocab counts by 0: every sequence would repeat one token."""
+    from spmd_guide.core.checks import InputError
+    config = Config(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=1, seq_len=8)
+    with pytest.raises(InputError, match="strides\\[0\\] must be at most 15"):
+        lm.counting_task(jax.random.key(0), batch=2, config=config, strides=(16,))

@@ -306,3 +306,53 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InputTypeError(f"{name} must be True or False, got {value_text(value)}.")
     return bool(value)
+
+
+def text(name: str, value: Any, *, empty: bool = False) -> str:
+    """A ``str`` (non-empty unless ``empty``): a title, a label, a name."""
+    if not isinstance(value, str):
+        raise InputTypeError(f"{name} must be a string, got {value_text(value)}.")
+    if not empty and not value.strip():
+        raise InputError(f"{name} must be a non-empty string, got {value!r}.")
+    return value
+
+
+def instance[T](name: str, value: Any, kind: type[T], *, example: str) -> T:
+    """``value`` if it is a ``kind`` (``example`` shows the caller how to make one)."""
+    if not isinstance(value, kind):
+        raise InputTypeError(
+            f"{name} must be {example}, got {value_text(value)} ({type(value).__name__}).")
+    return value
+
+
+def record(name: str, value: Any, *, required: Iterable[str]) -> Mapping[str, Any]:
+    """A mapping (a table row, a config) holding every key of ``required``."""
+    if not isinstance(value, Mapping):
+        raise InputTypeError(f"{name} must be a dict, got {value_text(value)}.")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise InputError(
+            f"{name} lacks {', '.join(map(repr, missing))} (it has {sorted(map(str, value))}).")
+    return value
+
+
+def same_structure(name: str, tree: Any, like: Any, *, other: str) -> None:
+    """Pytree ``tree`` has the structure of ``like`` (the same keys, the same leaf count), as
+    every leaf of ``other`` needs one of ``tree``."""
+    want, got = jax.tree.structure(like), jax.tree.structure(tree)
+    if want != got:
+        raise InputError(
+            f"{name} must have one leaf per leaf of {other} ({want.num_leaves} leaves, the same "
+            f"keys), got {got.num_leaves} leaves with structure {value_text(str(got))}.")
+
+
+def mesh_axes(name: str, value: Any, axes: Iterable[str], *, why: str = "") -> Mesh:
+    """A mesh that has every axis in ``axes`` (the ones a strategy or program names)."""
+    mesh(name, value)
+    missing = [a for a in axes if a not in value.shape]
+    if missing:
+        reason = f" {why}" if why else ""
+        raise InputError(
+            f"{name} has axes {tuple(value.axis_names)} but needs {', '.join(map(repr, missing))}"
+            f"{reason}.")
+    return value

@@ -57,6 +57,8 @@ class Results:
                 f"{columns!r:.60}.")
         for column in columns:
             checks.one_of("column", column, list(self.rows[0]))
+        if len(set(columns)) != len(columns):
+            raise checks.InputError(f"columns names a column twice: {list(columns)}.")
         return Table([{c: row[c] for c in columns} for row in self.rows])
 
     def settings_text(self) -> str:
@@ -192,8 +194,19 @@ def load(path: str | pathlib.Path) -> Results:
         environment = Environment(**record["environment"])
     except TypeError as error:
         raise checks.InputError(f"{path}: its environment does not match ({error}).") from None
+    for field, kind in (("benchmark", str), ("command", str), ("date", str),
+                        ("settings", dict), ("rows", list)):
+        if not isinstance(record[field], kind):
+            raise checks.InputError(
+                f"{path} is not a benchmark result as save writes it: its {field!r} is a "
+                f"{type(record[field]).__name__}, not a {kind.__name__}.")
     if not record["rows"]:
         raise checks.InputError(f"{path} holds no rows.")
+    rows = record["rows"]
+    if not all(isinstance(r, dict) and list(r) == list(rows[0]) for r in rows):
+        raise checks.InputError(
+            f"{path} is not a benchmark result as save writes it: its rows are not dicts "
+            "with the same columns.")
     return Results(record["benchmark"], record["command"], record["date"], environment,
                    record["settings"], record["rows"])
 

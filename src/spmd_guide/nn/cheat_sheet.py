@@ -22,6 +22,7 @@ Only the public face of a strategy is used (``name``, ``kind``, ``summary``, ``a
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,7 +54,8 @@ def spec_text(sharding: Any, ndim: int) -> str:
     sharding is shown as JAX prints it.
     """
     checks.sharding("sharding", sharding)
-    ndim = checks.count("ndim", ndim, minimum=0)
+    spec_len = len(sharding.spec) if isinstance(sharding, NamedSharding) else 0
+    ndim = checks.count("ndim", ndim, minimum=spec_len)
     if isinstance(sharding, SingleDeviceSharding):
         (device,) = sharding.device_set
         return f"device {device.id} only"
@@ -87,13 +89,14 @@ def family(mesh_shape: dict[str, int], batch_spec: str, weight_specs: Sequence[s
             f"mesh_shape must map axis names to sizes, such as dict(mesh.shape), got "
             f"{mesh_shape!r:.60}.")
     mesh_shape = {a: checks.count(f"mesh_shape[{a!r}]", n) for a, n in mesh_shape.items()}
-    batch_spec = _spec_string("batch_spec", batch_spec)
-    weight_specs = _strings("weight_specs", weight_specs)
+    batch_spec = _spec_string("batch_spec", batch_spec, mesh_shape)
+    weight_specs = tuple(_spec_string(f"weight_specs[{i}]", w, mesh_shape)
+                         for i, w in enumerate(_strings("weight_specs", weight_specs)))
     used = [a for a, n in mesh_shape.items() if n > 1]
     if len(used) > 1:
         return "2-D"
-    weights_split = any(s != "P()" for s in weight_specs)
-    rows_split = batch_spec.startswith("P('") or batch_spec.startswith("P((")
+    weights_split = any("'" in s for s in weight_specs)
+    rows_split = _splits_rows(batch_spec)
     if not weights_split:
         return "DP" if rows_split else "replicated"
     return "FSDP" if rows_split else "TP"
@@ -188,12 +191,32 @@ def _strings(name: str, values: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in items)
 
 
-def _spec_string(name: str, value: Any) -> str:
+_SPEC_ENTRY = r"(?:None|'[^',()]+'|\('[^',()]+'(?:, '[^',()]+')*\))"
+_SPEC = re.compile(rf"P\((?:{_SPEC_ENTRY}(?:, {_SPEC_ENTRY})*)?\)")
+
+
+def _spec_string(name: str, value: Any, axes: Mapping[str, int] | None = None) -> str:
+    """A spec as :func:`spec_text` writes it (``"P()"``, ``"P('batch', None)"``, ``"P(('a',
+    'b'))"``), naming only the axes of ``axes`` when given."""
     if not isinstance(value, str):
         raise checks.InputTypeError(
             f"{name} must be a spec string such as \"P('batch', None)\" (spec_text makes it), "
             f"got {value!r:.60}.")
+    if not _SPEC.fullmatch(value):
+        raise checks.InputError(
+            f"{name} {value!r:.60} is not a spec as spec_text writes it, such as "
+            f"\"P('batch', None)\" or \"P()\".")
+    named = re.findall(r"'([^']+)'", value)
+    if axes is not None and any(a not in axes for a in named):
+        unknown = next(a for a in named if a not in axes)
+        raise checks.InputError(
+            f"{name} {value!r:.60} names axis {unknown!r}, which mesh_shape {dict(axes)} lacks.")
     return str(value)
+
+
+def _splits_rows(spec: str) -> bool:
+    """Whether a spec text splits its first dimension."""
+    return spec.startswith("P('") or spec.startswith("P((")
 
 
 def _layouts(name: str, layouts: Any) -> list[Layout]:
@@ -306,6 +329,10 @@ def pinned_init(optimizer: Any, params: nn.Params) -> Any:
             "pinned_init needs params placed with NamedShardings on one mesh (as a strategy's "
             "shard() makes them); place them first, e.g. with jax.device_put(params, shardings).")
     mesh = leaves[0].sharding.mesh
+    if any(leaf.sharding.mesh != mesh for leaf in leaves):
+        raise checks.InputError(
+            "pinned_init needs every leaf of params on one mesh; these lie on meshes "
+            f"{sorted({str(dict(leaf.sharding.mesh.shape)) for leaf in leaves})}.")
     shapes = jax.eval_shape(optimizer.init, params)
     shardings = optax.tree_map_params(
         optimizer, lambda _, p: p.sharding, shapes, params,

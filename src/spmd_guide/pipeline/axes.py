@@ -51,8 +51,15 @@ AXES = ("data", "fsdp", "pipeline", "tensor", "expert")
 # --------------------------------------------------------------------------- one axis each
 
 
+def _bytes_and_n(name: str, buffer_bytes: Any, n: Any) -> tuple[int, int]:
+    """A byte count (0 allowed) and a device count, checked under the caller's names."""
+    return (checks.count(name, buffer_bytes, minimum=0),
+            checks.count("n", n, maximum=checks.MAX_DEVICES))
+
+
 def data_bytes(grad_bytes: int, n: int) -> int:
     """Data parallelism: one all-reduce of the gradients a device holds."""
+    grad_bytes, n = _bytes_and_n("grad_bytes", grad_bytes, n)
     return ring_bytes("all-reduce", grad_bytes, n)
 
 
@@ -61,6 +68,7 @@ def fsdp_bytes(param_bytes: int, n: int, *, gathers: int = 2) -> int:
     pass with remat) and one reduce-scatter of the gradients; ``param_bytes`` is the full
     (gathered) size."""
     gathers = checks.count("gathers", gathers, minimum=0)
+    param_bytes, n = _bytes_and_n("param_bytes", param_bytes, n)
     return (gathers * ring_bytes("all-gather", param_bytes, n)
             + ring_bytes("reduce-scatter", param_bytes, n))
 
@@ -68,6 +76,7 @@ def fsdp_bytes(param_bytes: int, n: int, *, gathers: int = 2) -> int:
 def tensor_bytes(activation_bytes: int, n: int, *, all_reduces: int) -> int:
     """Tensor parallelism: ``all_reduces`` all-reduces of an activation ``[tokens, d_model]``."""
     all_reduces = checks.count("all_reduces", all_reduces, minimum=0)
+    activation_bytes, n = _bytes_and_n("activation_bytes", activation_bytes, n)
     return all_reduces * ring_bytes("all-reduce", activation_bytes, n)
 
 
@@ -75,13 +84,15 @@ def pipeline_bytes(activation_bytes: int, n: int, *, sends: int) -> int:
     """Pipeline parallelism: ``sends`` collective-permutes of an activation to the next (or
     previous) stage; nothing when there is one stage."""
     sends = checks.count("sends", sends, minimum=0)
-    sent = ring_bytes("collective-permute", activation_bytes, n)  # checks both
+    activation_bytes, n = _bytes_and_n("activation_bytes", activation_bytes, n)
+    sent = ring_bytes("collective-permute", activation_bytes, n)
     return sends * sent if n > 1 else 0
 
 
 def expert_bytes(buffer_bytes: int, n: int, *, all_to_alls: int) -> int:
     """Expert parallelism: ``all_to_alls`` all-to-alls of a dispatch buffer."""
     all_to_alls = checks.count("all_to_alls", all_to_alls, minimum=0)
+    buffer_bytes, n = _bytes_and_n("buffer_bytes", buffer_bytes, n)
     return all_to_alls * ring_bytes("all-to-all", buffer_bytes, n)
 
 
@@ -275,15 +286,17 @@ def _check_traffic(model: Any, mesh: Any, n_microbatches: Any) -> dict[str, int]
                      why="over data x fsdp x expert, then into microbatches")
     checks.divisible("n_layers", model.n_layers, s["pipeline"], why="over 'pipeline'")
     checks.divisible("n_experts", model.n_experts, s["expert"], why="over 'expert'")
+    checks.divisible("d_model", model.d_model, s["tensor"], why="over 'tensor'")
+    checks.divisible("d_ff", model.d_ff, s["tensor"], why="over 'tensor'")
     return s
 
 
 def _rows(rows: Any) -> list[AxisTraffic]:
-    if isinstance(rows, (str, bytes)) or not isinstance(rows, (list, tuple)) or not all(
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, (list, tuple)) or not rows or not all(
             isinstance(r, AxisTraffic) for r in rows):
         raise checks.InputTypeError(
-            f"rows must be the list of AxisTraffic that axes.traffic returns, got "
-            f"{type(rows).__name__}.")
+            f"rows must be the non-empty list of AxisTraffic that axes.traffic returns, got "
+            f"{checks.value_text(rows)}.")
     return list(rows)
 
 
@@ -296,8 +309,8 @@ def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
     while the product of their sizes still divides ``devices_per_node``; the
     rest go across.
     """
-    rows = _rows(rows)
     devices_per_node = checks.count("devices_per_node", devices_per_node)
+    rows = _rows(rows)
     inside = 1
     placement: dict[str, str] = {}
     for row in sorted(rows, key=lambda r: -r.bytes_sent):
@@ -335,13 +348,19 @@ def link_seconds(rows: list[AxisTraffic], placement: Mapping[str, str], *,
 
 
 def _program(body: Callable[..., Any], mesh: Mesh, in_specs: tuple[P, ...],
-             out_specs: P) -> Callable[..., Any]:
+             out_specs: P, names: tuple[str, ...]) -> Callable[..., Any]:
     """``body`` under ``jax.shard_map``, jitted, its arguments first laid out as ``in_specs``
     say: on Explicit axes ``shard_map`` refuses an argument laid out otherwise, and
     ``jax.device_put`` (a no-op where the layout already holds) works on both axis types."""
     mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
     def program(*args: Any) -> Any:
+        if len(args) != len(names):
+            raise checks.InputTypeError(
+                f"the program takes {len(names)} arrays ({', '.join(names)}), got {len(args)}.")
+        for name, a, spec in zip(names, args, in_specs, strict=True):
+            a = checks.array(name, a, min_ndim=len(spec), dtype_kind="f")
+            checks.spec_fits(name, a.shape, spec, mesh)
         return mapped(*(jax.device_put(a, NamedSharding(mesh, spec))
                         for a, spec in zip(args, in_specs, strict=True)))
 
@@ -356,7 +375,7 @@ def data_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
         local = jnp.sum((x @ w) ** 2)
         return jax.lax.psum(local, axis_name)
 
-    return _program(jax.grad(loss), mesh, (P(), P(axis_name)), P())
+    return _program(jax.grad(loss), mesh, (P(), P(axis_name)), P(), ("w", "x"))
 
 
 def fsdp_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -367,7 +386,8 @@ def fsdp_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
         w = jax.lax.all_gather(w_shard, axis_name, tiled=True)
         return jax.lax.psum(jnp.sum((x @ w) ** 2), axis_name)
 
-    return _program(jax.grad(loss), mesh, (P(axis_name), P(axis_name)), P(axis_name))
+    return _program(jax.grad(loss), mesh, (P(axis_name), P(axis_name)), P(axis_name),
+                    ("w_shard", "x"))
 
 
 def tensor_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -378,7 +398,8 @@ def tensor_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
     def block(x, w1, w2):
         return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, axis_name)
 
-    return _program(block, mesh, (P(), P(None, axis_name), P(axis_name)), P())
+    return _program(block, mesh, (P(), P(None, axis_name), P(axis_name)), P(),
+                    ("x", "w1", "w2"))
 
 
 def pipeline_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
@@ -388,4 +409,4 @@ def pipeline_program(mesh: Mesh, axis_name: str) -> Callable[..., Any]:
     def tick(h):
         return jax.lax.ppermute(h, axis_name, [(i, (i + 1) % n) for i in range(n)])
 
-    return _program(tick, mesh, (P(axis_name),), P(axis_name))
+    return _program(tick, mesh, (P(axis_name),), P(axis_name), ("h",))

@@ -292,6 +292,8 @@ def dispatch_slots(tokens: int, n_devices: int, *, top_k: int, n_experts: int,
                    capacity_factor=capacity_factor)
     n_devices = checks.count("n_devices", n_devices, maximum=checks.MAX_DEVICES)
     checks.divisible("tokens", tokens, n_devices, why="over the devices")
+    checks.divisible("n_experts", n_experts, n_devices,
+                     why="over the devices (each device holds n_experts / n_devices experts)")
     return min(cap, tokens // n_devices)
 
 
@@ -421,6 +423,8 @@ def dispatch_buffer_bytes(tokens: int, n_devices: int, *, top_k: int, n_experts:
     else:
         slots = capacity(tokens // n, top_k=top_k, n_experts=n_experts,
                          capacity_factor=capacity_factor)
+        checks.divisible("n_experts", n_experts, n,
+                         why="over the devices (each device holds n_experts / n_devices experts)")
     return n_experts * slots * d_model * bytes_per_element
 
 
@@ -444,6 +448,7 @@ def lowered_all_to_alls(fn: Callable[..., Any], *args: Any) -> list[int]:
     of one buffer per destination), so compare this with the compiled ops' ``buffers``.
     """
     checks.function("fn", fn)
+    checks.array_tree("args", args)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     text = jitted.lower(*args).as_text()
     return [int(n) for n in
@@ -471,10 +476,13 @@ def draw_traffic(matrix: Any, *, title: str = "") -> Any:
     written in it. Returns the matplotlib ``Figure``."""
     import matplotlib.pyplot as plt
 
+    title = checks.text("title", title, empty=True)
     m = np.asarray(checks.array("matrix", matrix, ndim=2, dtype_kind="iu"))
     n = m.shape[0]
     if m.shape != (n, n):
         raise checks.InputError(f"matrix must be square (as traffic returns), got {m.shape}.")
+    if m.size and m.min() < 0:
+        raise checks.InputError(f"matrix holds counts, which are never negative; got {m.min()}.")
     fig, ax = plt.subplots(figsize=(4.2, 3.8))
     image = ax.imshow(m, cmap="Blues", vmin=0)
     for (i, j), value in np.ndenumerate(m):

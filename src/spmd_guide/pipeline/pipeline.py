@@ -136,12 +136,13 @@ def check_stack(params: Any, batch: Any) -> tuple[int, int, int]:
     n_layers, width, width2 = w.shape
     if width != width2:
         raise checks.InputError(f"params['w'] must be [L, width, width], got {w.shape}.")
-    checks.same_shape("params['b']", checks.array("params['b']", params["b"]),
+    checks.same_shape("params['b']", checks.array("params['b']", params["b"], dtype_kind="f"),
                       (n_layers, width), other="[L, width] of params['w']")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise checks.InputTypeError("batch must be a pair (x, y) of [batch_size, width] arrays.")
     x = checks.array("x", batch[0], ndim=2, dtype_kind="f")
-    checks.same_shape("y", checks.array("y", batch[1], ndim=2), x.shape, other="x")
+    checks.same_shape("y", checks.array("y", batch[1], ndim=2, dtype_kind="f"), x.shape,
+                      other="x")
     if x.shape[1] != width:
         raise checks.InputError(
             f"x has {x.shape[1]} features but the layers have width {width}.")
@@ -446,12 +447,19 @@ def profile(params: Params, batch: Batch, mesh: Mesh, *,
     return rows
 
 
+#: The columns each row of :func:`profile` holds (and :func:`profile_table` shows).
+PROFILE_COLUMNS = ("schedule", "max |error|", "ppermutes", "in flight", "buffers",
+                   "XLA temporaries")
+
+
 def profile_table(rows: list[dict[str, Any]]) -> Table:
     """The rows of :func:`profile` as a page table (without the raw numbers)."""
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "schedule" in r
-                                             for r in rows):
+    if not isinstance(rows, list) or not rows:
         raise checks.InputTypeError(
-            f"rows must be the list that pipeline.profile returns, got {type(rows).__name__}.")
+            f"rows must be the non-empty list that pipeline.profile returns, got "
+            f"{checks.value_text(rows)}.")
+    for i, row in enumerate(rows):
+        checks.record(f"rows[{i}]", row, required=PROFILE_COLUMNS)
     return Table([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
 
 

@@ -111,6 +111,12 @@ def _schedule(value: object) -> Schedule:
         raise checks.InputTypeError(
             f"schedule must be a Schedule such as build_schedule('gpipe', 4, 8) returns, got "
             f"{type(value).__name__}.")
+    kind = checks.array("schedule.kind", value.kind, ndim=2, dtype_kind="iu")
+    micro = checks.array("schedule.micro", value.micro, ndim=2, dtype_kind="iu")
+    if kind.shape != micro.shape or kind.shape[1:] != (value.n_stages,) or not kind.shape[0]:
+        raise checks.InputError(
+            f"schedule's kind {kind.shape} and micro {micro.shape} tables must both be [time "
+            f"steps, n_stages={value.n_stages}]: build it with build_schedule.")
     return value
 
 
@@ -206,11 +212,14 @@ def draw_schedule(schedule: Schedule, *, ax: object = None, title: str | None = 
     microbatch; forward cells light with ``F``, backward cells dark with ``B``, idle blank.
     Returns the matplotlib figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.axes import Axes
     from matplotlib.colors import to_rgb
 
     schedule = _schedule(schedule)
     if title is not None and not isinstance(title, str):
         raise checks.InputTypeError(f"title must be a string or None, got {title!r}.")
+    if ax is not None:
+        checks.instance("ax", ax, Axes, example="a matplotlib Axes (plt.subplots()[1]) or None")
 
     if ax is None:
         _, ax = plt.subplots(figsize=(max(4.0, 0.4 * schedule.n_steps + 1),

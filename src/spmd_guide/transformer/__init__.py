@@ -4,6 +4,8 @@
 - `attention`: ring attention, contiguous and zig-zag (transformer/ring_attention).
 - `transformer`: the strategies (dp, fsdp, tp, tp_sp, cp, cp_zigzag, fsdp_tp) behind one
   interface, and a pinned training step (every page of the Part).
+- `verify`: each strategy checked against the one-device model, with the gradients' layouts
+  unpinned, its collectives, and the formula for its bytes (the Part's tables).
 - `memory`: memory per device, by formula and from the compiled step (transformer/memory).
 - `breakdown`: each collective of a compiled program by pass, source line and mesh axis.
 - `pricing`: the strategies compiled at GPT-2-medium widths for Part V's

@@ -46,7 +46,9 @@ def _check_qkv(q, k, v) -> tuple[jax.Array, jax.Array, jax.Array]:
 def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool) -> jax.Array:
     """softmax(q k^T / sqrt(head_dim)) v, masked to earlier-or-equal positions if ``causal``.
 
-    q, k, v: ``[batch, seq, heads, head_dim]``; the result has the shape of q.
+    q, k, v: ``[batch, seq, heads, head_dim]``; the result has the shape of q. Shapes and
+    dtypes are checked; the values inside the arrays are not: a NaN in q, k or v gives NaN
+    in the rows it reaches, as in JAX.
     """
     q, k, v = _check_qkv(q, k, v)
     causal = checks.flag("causal", causal)
@@ -105,7 +107,13 @@ def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causa
         raise checks.InputTypeError(f"axis_name must be a string, got {checks.value_text(axis_name)}.")
     causal = checks.flag("causal", causal)
     positions = checks.array("positions", positions, ndim=2, dtype_kind="iu")
-    n = jax.lax.axis_size(axis_name)
+    try:
+        n = jax.lax.axis_size(axis_name)
+    except NameError:
+        raise checks.InputError(
+            f"ring_attention_local runs inside jax.shard_map over a mesh axis named "
+            f"{axis_name!r}; here no such axis is bound (call ring_attention from outside "
+            f"shard_map).") from None
     if tuple(positions.shape) != (n, q.shape[1]):
         raise checks.InputError(
             f"positions must be the [ring size, block] = [{n}, {q.shape[1]}] table of "

@@ -113,7 +113,6 @@ def _carries(op: hlo.Collective) -> str:
     return op.shape_text
 
 
-@functools.lru_cache(maxsize=32)
 def collectives(text: str) -> tuple[hlo.Collective, ...]:
     """``hlo.collectives_in_text(text)``, remembered: a page reads the same program's
     collectives several times (counts, breakdowns), and parsing its text is the slow part."""
@@ -121,7 +120,50 @@ def collectives(text: str) -> tuple[hlo.Collective, ...]:
         raise checks.InputTypeError(
             f"text must be a compiled program's text (compiled.as_text()), got "
             f"{checks.value_text(text)}.")
+    if "ENTRY" not in text:
+        raise checks.InputError(
+            f"text must be a compiled program's text (compiled.as_text()), with an ENTRY "
+            f"computation; got {checks.value_text(text)}.")
+    return _collectives(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _collectives(text: str) -> tuple[hlo.Collective, ...]:
     return tuple(hlo.collectives_in_text(text))
+
+
+def _check_mesh_fits(text: str, mesh: Mesh) -> None:
+    """``mesh`` can be the program's: as many devices as it has partitions x replicas, the
+    same axis sizes where the program prints its mesh by ``mesh``'s axis names, and every
+    device group a grid along the mesh's axes (as a collective over mesh axes or sub-axes
+    makes). Which physical devices the program ran on is not in its text; this is what is."""
+    partitions = re.search(r"num_partitions=(\d+)", text)
+    replicas = re.search(r"replica_count=(\d+)", text)
+    n = (int(partitions.group(1)) if partitions else 1) * (int(replicas.group(1)) if replicas
+                                                           else 1)
+    if n != mesh.size:
+        raise checks.InputError(
+            f"mesh has {mesh.size} devices {dict(mesh.shape)}, but the program runs on {n} "
+            f"(num_partitions x replica_count): pass the mesh it was compiled for.")
+    shape = tuple(mesh.devices.shape)
+    for op in collectives(text):
+        printed = re.search(r"replica_groups=mesh\[([^\]]*)\]", op.line)
+        named = dict((name, int(n)) for name, n in re.findall(r"'?([^',=\s]+)'?=(\d+)",
+                                                      printed.group(1))) if printed else {}
+        if set(named) == set(mesh.axis_names) and named != dict(mesh.shape):
+            raise checks.InputError(
+                f"{op.name} names the mesh {named}, but mesh is {dict(mesh.shape)}: pass the "
+                f"mesh the program was compiled for.")
+        if op.kind == "collective-permute" or not op.groups:
+            continue
+        for group in op.groups:  # a collective over mesh (sub-)axes spans a sub-grid
+            coords = np.array([np.unravel_index(d, shape) for d in group]).reshape(len(group), -1)
+            spans = [len(set(coords[:, i])) for i in range(coords.shape[1])]
+            if int(np.prod(spans)) != len(group):
+                raise checks.InputError(
+                    f"the device groups of {op.name} ({op.kind}) do not follow the axes of mesh "
+                    f"{dict(mesh.shape)}: group {group} is not a grid of its devices along the "
+                    f"mesh's axes. Pass the mesh the program was compiled for.")
 
 
 def collective_breakdown(text: str, mesh: Mesh | None = None, *,
@@ -156,6 +198,7 @@ def collective_breakdown(text: str, mesh: Mesh | None = None, *,
         checks.one_of("breakdown key", key, ("pass", "where", "axis"))
     if "axis" in by or mesh is not None:
         checks.mesh("mesh", mesh)
+        _check_mesh_fits(text, mesh)
     if not isinstance(module, str) or not module:
         raise checks.InputTypeError(
             f"module must be a file name such as 'lm.py', got {checks.value_text(module)}.")

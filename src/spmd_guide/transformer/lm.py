@@ -337,7 +337,9 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     """Mean next-token cross-entropy over every predicted position.
 
     ``logits`` ``[..., vocab]`` (floats), ``targets`` the integer ids ``[...]`` (checked to lie
-    in ``[0, vocab)`` when concrete).
+    in ``[0, vocab)`` when concrete). Shapes, dtypes and ids are checked; the values inside
+    ``logits`` are not (that would cost a pass over the array and cannot be done under
+    ``jit``): a NaN or infinite logit gives a NaN loss, as in JAX.
     """
     logits = checks.array("logits", logits, min_ndim=1, dtype_kind="f")
     targets = _check_ids("targets", targets, logits.shape[-1], ndim=len(logits.shape) - 1)
@@ -376,6 +378,8 @@ def counting_task(key: jax.Array, *, batch: int, config: Config,
     batch = checks.count("batch", batch)
     config = check_config(config)
     strides = checks.counts("strides", strides)
+    for i, stride in enumerate(strides):  # a stride of vocab (or more) counts by stride % vocab
+        checks.count(f"strides[{i}]", stride, maximum=config.vocab - 1)
     return _call(_counting_task, key, batch, config, strides)
 
 
@@ -402,7 +406,7 @@ def against_uniform(loss: float, vocab: int) -> str:
     decimals). An untrained model starts above it: its random logits guess unevenly, and when
     the target is independent of the logits, ``logsumexp(z) >= log(vocab) + mean(z)`` makes
     an uneven guess cost at least as much as an even one on average."""
-    loss = checks.real("loss", loss)
+    loss = checks.real("loss", loss, minimum=0)  # a cross-entropy is never negative
     vocab = checks.count("vocab", vocab)
     uniform = math.log(vocab)
     where = "at" if f"{loss:.2f}" == f"{uniform:.2f}" else \
@@ -411,7 +415,9 @@ def against_uniform(loss: float, vocab: int) -> str:
 
 
 def param_count(params: Params) -> int:
-    """Number of parameters."""
+    """Number of parameters of the model ``params`` describes (checked as :func:`config_of`
+    reads it: the pytree ``init_params`` makes)."""
+    config_of(params)
     return sum(int(np.prod(x.shape)) for x in checks.array_tree("params", params))
 
 

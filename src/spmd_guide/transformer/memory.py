@@ -63,14 +63,25 @@ def predicted_bytes(strategy: Strategy, mesh: Mesh, config: Config, params: Para
     ``heads``). So ``tp`` keeps the residual stream whole and splits the rest over
     ``model``; ``tp_sp`` splits the residual stream over ``model`` by sequence as well, and
     the rest exactly as ``tp`` does (Korthikanti et al. 2022, section 4.2: sequence
-    parallelism divides only what tensor parallelism left replicated)."""
+    parallelism divides only what tensor parallelism left replicated).
+
+    Ring strategies (``cp``, ``cp_zigzag``) are charged k and v whole along the sequence:
+    ring attention's backward pass keeps every K/V block that came round the ring, all
+    ``n`` of them on every device (the ring-attention page, "What the backward pass keeps"),
+    so only q, the attention output and the rest divide by ``n``."""
     strategy, batch = _check_sizes(strategy, mesh, config, params, batch)
     p = _param_bytes(strategy, mesh, params)
     specs = strategy.activation_specs() | {"scores": strategy.activation_specs()["heads"]}
     itemsize = np.dtype(config.dtype).itemsize
     tokens = batch * config.seq_len
-    acts = sum(tokens * n * itemsize // _split(specs[kind], mesh)
-               for kind, n in kept_per_token(config).items())
+    kept = kept_per_token(config)
+    acts = 0
+    if strategy.ring:
+        kv = 2 * config.n_layers * config.d_model  # k and v: 2 of the 4 per-head numbers
+        kept["heads"] -= kv
+        whole = P(*(None if e == strategy.seq_axis else e for e in specs["heads"]))
+        acts += tokens * kv * itemsize // _split(whole, mesh)
+    acts += sum(tokens * n * itemsize // _split(specs[kind], mesh) for kind, n in kept.items())
     return {"parameters": p, "gradients": p, "optimizer state": 2 * p, "activations": acts}
 
 
@@ -82,7 +93,11 @@ def measured_bytes(trainer: Trainer, params: Params, state: Any, tokens: jax.Arr
         raise checks.InputTypeError(
             f"trainer must be what train_step returns, got {checks.value_text(trainer)}.")
     config_of(params)
+    checks.same_structure("params", params, trainer.param_shardings,
+                          other="the parameters train_step compiled for")
     checks.array_tree("state", state)
+    checks.same_structure("state", state, trainer.state_shardings,
+                          other="the optimizer state train_step compiled for")
     checks.array("tokens", tokens, ndim=2, dtype_kind="iu")
     mem = hlo.memory_per_device(trainer.step, params, state, tokens)
     return {"parameters": _bytes_per_device(params), "optimizer state": _bytes_per_device(state),
@@ -122,12 +137,17 @@ def against_formula(rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
     count), in the rows' order; equal ones under ``equal``. The memory page's prose names
     them from this, so it cannot disagree with its table."""
     key_f, key_m = "grads + activations (formula)", "temporaries (measured)"
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence):
+        raise checks.InputTypeError(
+            f"rows must be a list of memory_row results, got {checks.value_text(rows)}.")
     rows = list(rows)
     if not rows or not all(isinstance(r, dict) and {key_f, key_m, "strategy", "devices"}
                            <= set(r) for r in rows):
         raise checks.InputTypeError("rows must be a non-empty list of memory_row results.")
     sides: dict[str, list[str]] = {"below": [], "above": [], "equal": []}
-    for r in rows:
+    for i, r in enumerate(rows):
+        for key in (key_f, key_m):
+            checks.real(f"rows[{i}][{key!r}]", r[key], minimum=0)
         side = "below" if r[key_m] < r[key_f] else "above" if r[key_m] > r[key_f] else "equal"
         sides[side].append(f"{r['strategy']} ({r['devices']})")
     return sides

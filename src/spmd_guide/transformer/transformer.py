@@ -21,7 +21,6 @@ layout is ambiguous under Explicit axes; inputs and gradients keep their Explici
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +31,8 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide.core import checks, hlo
+from spmd_guide.core import checks
 from spmd_guide.core.devices import build_mesh
-from spmd_guide.transformer import breakdown
 from spmd_guide.transformer.attention import layout_positions, ring_attention_in_layout
 from spmd_guide.transformer.lm import (
     Config,
@@ -151,7 +149,7 @@ class Strategy:
     def param_specs(self, params: Params, mesh: Mesh) -> Any:
         """A ``PartitionSpec`` for every parameter leaf."""
         config_of(params)
-        checks.mesh("mesh", mesh)
+        checks.mesh_axes("mesh", mesh, self.axes, why=f"(strategy {self.name!r} uses them)")
 
         def spec(path, leaf):
             entries = _TP.get(_leaf_name(path), (None,) * leaf.ndim) if self.tensor else \
@@ -275,8 +273,11 @@ def state_shardings(state: Any, params: Params, param_shardings: Any, mesh: Mesh
     take that parameter's sharding, everything else (the step count) is replicated."""
     checks.mesh("mesh", mesh)
     checks.array_tree("params", params)
+    checks.same_structure("param_shardings", param_shardings, params, other="params")
     for s in jax.tree.leaves(param_shardings):
         checks.sharding("a leaf of param_shardings", s)
+    for leaf in jax.tree.leaves(state, is_leaf=lambda x: x is None):
+        checks.array("a leaf of state", leaf)
     by_path = {tuple(map(str, path)): (leaf.shape, s) for (path, leaf), s in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(param_shardings),
         strict=True)}
@@ -285,7 +286,7 @@ def state_shardings(state: Any, params: Params, param_shardings: Any, mesh: Mesh
         keys = tuple(map(str, path))
         for start in range(len(keys)):
             shape, sharding = by_path.get(keys[start:], (None, None))
-            if sharding is not None and tuple(shape) == tuple(leaf.shape):
+            if sharding is not None and tuple(shape) == tuple(np.shape(leaf)):
                 return sharding
         return NamedSharding(mesh, P())
 
@@ -364,143 +365,3 @@ def _param_bytes(strategy: Strategy, mesh: Mesh, params: Params) -> int:
     p_sh = strategy.shardings(params, mesh)
     return sum(int(np.prod(s.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
                for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(p_sh), strict=True))
-
-
-# --------------------------------------------------------------------------- page helpers
-
-
-def _spec_text(spec: P) -> str:
-    return "P(" + ", ".join("None" if e is None else repr(e) for e in spec) + ")"
-
-
-class StrategyCheck(dict):
-    """A row of :func:`check_strategy` (a plain dict to display) that also keeps the compiled
-    program's text (``.hlo``, for :func:`collective_breakdown`) and the two losses as floats
-    (``.loss``, ``.ref_loss``)."""
-
-    hlo: str = ""
-    loss: float = 0.0
-    ref_loss: float = 0.0
-
-
-@functools.cache
-def _reference_grad(config: Config) -> Callable[..., Any]:
-    """``lm_loss`` and its gradient, jitted once per config (so pages compile it once)."""
-    return jax.jit(jax.value_and_grad(functools.partial(lm_loss, config=config)),
-                   compiler_options=hlo.FAST_COMPILE)
-
-
-def check_strategy(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
-                   tokens: jax.Array) -> dict[str, Any]:
-    """Compile the strategy's loss-and-gradient once; compare with ``lm_loss`` on one device
-    and read its collectives. One row of the pages' tables. ``mesh`` may have Auto or
-    Explicit axes."""
-    strategy = _strategy(strategy)
-    strategy.check(config, mesh)
-    check_params(params, config)
-    tokens = check_tokens(tokens, config)
-    ref_loss, ref_grads = _reference_grad(config)(params, tokens)
-    sp, st = strategy.shard(params, tokens, mesh)
-    p_sh = strategy.shardings(params, mesh)
-    fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
-                 out_shardings=(NamedSharding(mesh, P()), p_sh))
-    compiled = hlo.compile(fn, sp, st, compiler_options=hlo.FAST_COMPILE)
-    loss, grads = compiled(sp, st)
-    text = compiled.as_text()
-    ops = breakdown.collectives(text)
-    kinds = {}
-    for op in ops:
-        kinds[op.kind] = kinds.get(op.kind, 0) + 1
-    same = all(g.sharding.is_equivalent_to(p.sharding, g.ndim)
-               for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(sp), strict=True))
-    grad_err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(r))))
-                   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads),
-                                   strict=True))
-    row = StrategyCheck({
-            "strategy": strategy.name,
-            "mesh": " x ".join(f"{k}={v}" for k, v in mesh.shape.items()),
-            "|loss - ref|": f"{abs(float(loss) - float(ref_loss)):.1e}",
-            "max |grad - ref|": f"{grad_err:.1e}",
-            "grads in param layout": same,
-            "collectives": ", ".join(f"{v} {k}" for k, v in sorted(kinds.items())) or "none",
-            "bytes sent": sum(op.bytes_sent for op in ops)})
-    row.hlo = text
-    row.loss, row.ref_loss = float(loss), float(ref_loss)
-    return row
-
-
-def rounding_words(rows: Sequence[StrategyCheck]) -> str:
-    """A sentence on the largest loss difference among :func:`check_strategy` rows, in units
-    of the gap between neighbouring float32 numbers at the reference loss (so a reader sees
-    it is rounding), or that every loss is exact."""
-    rows = list(rows)
-    if not rows or not all(isinstance(r, StrategyCheck) for r in rows):
-        raise checks.InputTypeError("rows must be a non-empty list of check_strategy rows.")
-    worst = max(rows, key=lambda r: abs(r.loss - r.ref_loss))
-    diff = abs(worst.loss - worst.ref_loss)
-    if diff == 0:
-        return "Here every strategy's loss equals the one-device loss exactly."
-    gap = float(np.spacing(np.float32(worst.ref_loss)))
-    steps = round(diff / gap)
-    times = "exactly that gap" if steps == 1 else f"{steps} times that gap"
-    return (f"The largest loss difference, {worst['strategy']}'s, is {diff:.1e}; float32 "
-            f"numbers near its loss of {worst.ref_loss:.2f} are {gap:.1e} apart, so the "
-            f"difference is {times}: rounding in the last bits, not a different computation.")
-
-
-def spec_table(params: Params, meshes: dict[str, Mesh]) -> list[dict[str, str]]:
-    """Rows: one per parameter of the first block and the embeddings, one column per
-    strategy giving that parameter's ``PartitionSpec``. ``meshes`` maps strategy names to
-    their meshes."""
-    config_of(params)
-    if not isinstance(meshes, dict) or not meshes:
-        raise checks.InputTypeError(
-            f"meshes must be a dict such as {{'tp': mesh}} from strategy names to meshes, got "
-            f"{checks.value_text(meshes)}.")
-    for name, mesh in meshes.items():
-        checks.one_of("strategy", name, STRATEGIES)
-        checks.mesh(f"meshes[{name!r}]", mesh)
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    specs = {name: jax.tree.leaves(STRATEGIES[name].param_specs(params, mesh))
-             for name, mesh in meshes.items()}
-    rows = []
-    for i, (path, _) in enumerate(leaves):
-        key = jax.tree_util.keystr(path)
-        if "[1]" in key or any(f"[{j}]" in key for j in range(2, 64)):
-            continue  # later blocks repeat block 0
-        rows.append({"parameter": key.replace("['blocks'][0]", "block.")
-                     .replace("['", "").replace("']", "")}
-                    | {name: _spec_text(s[i]) for name, s in specs.items()})
-    return rows
-
-
-def predicted_comm_bytes(strategy: Strategy, mesh: Mesh, config: Config, params: Params,
-                         batch: int) -> dict[str, int]:
-    """Bytes one device sends in a forward + backward pass, by the textbook formula (ring
-    model), split into parameter/gradient traffic and activation traffic.
-
-    ``P`` = parameter bytes, ``A = batch * seq_len * d_model * 4`` the residual stream,
-    ``L`` layers. dp: all-reduce grads, ``2 (n-1)/n P``. fsdp: all-gather params once and
-    reduce-scatter grads, ``2 (n-1)/n P``. tp and tp_sp: four all-reduces (or all-gather +
-    reduce-scatter pairs, the same bytes) of ``A`` per layer, ``4 L 2 (m-1)/m A``. cp:
-    ``n - 1`` sends of the local K and V blocks per layer forward and as many of their
-    gradients backward, ``4 L (n-1) A / n``, plus the dp all-reduce of the grads. fsdp_tp:
-    the fsdp term on ``P / m`` and the tp term on ``A / d``.
-    """
-    strategy, batch = _check_sizes(strategy, mesh, config, params, batch)
-    size = dict(mesh.shape)
-    p = sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
-    a = batch * config.seq_len * config.d_model * 4
-    d = size.get("data", 1)
-    m = size.get("model", 1)
-    s = size.get("seq", 1)
-    grads = 2 * (d - 1) * p // d if strategy.fsdp or "data" in strategy.axes else 0
-    if strategy.tensor:
-        grads //= m
-        acts = 4 * config.n_layers * 2 * (m - 1) * (a // d) // m
-    elif strategy.ring:
-        grads = 2 * (s - 1) * p // s
-        acts = 4 * config.n_layers * (s - 1) * a // s
-    else:
-        acts = 0
-    return {"parameters and gradients": grads, "activations": acts, "total": grads + acts}
