@@ -387,10 +387,12 @@ def test_the_notebooks_bidirectional_case_agrees_at_its_tolerance():
 from spmd_guide.core.checks import InputError, InputTypeError  # noqa: E402
 
 
-def _op(kind: str, pairs, nbytes: int = 16) -> hlo.Collective:
-    """A stand-in collective: ``pairs`` are a collective-permute's (source, target)."""
+def _op(kind: str, pairs, nbytes: int = 16, *, group_size: int = 2) -> hlo.Collective:
+    """A stand-in collective: ``pairs`` are a collective-permute's (source, target); its group
+    size is the largest ring they form, as ``hlo.collectives`` reports it."""
+    group_size = hlo._largest_cycle(pairs) if pairs else group_size
     return hlo.Collective(kind=kind, buffers=(hlo.Buffer("f32", (nbytes // 4,)),),
-                          group_size=2, bytes_sent=nbytes,
+                          group_size=group_size, bytes_sent=nbytes,
                           groups=tuple(tuple(p) for p in pairs))
 
 
@@ -461,7 +463,7 @@ def test_bytes_by_direction_counts_the_right_ring_and_a_2d_mesh_ring():
     # a ring of 4 along the second axis of a (2, 4) mesh: two rings, ids 0-3 and 4-7
     two_rings = [(i, 4 * (i // 4) + (i + 1) % 4) for i in range(8)]
     assert ring_costs.bytes_by_direction([_op("collective-permute", two_rings)], 4)["forward"] == 16
-    assert ring_costs.bytes_by_direction([_op("all-gather", ())], 4) == {
+    assert ring_costs.bytes_by_direction([_op("all-gather", (), group_size=4)], 4) == {
         "forward": 0, "backward": 0, "other": 16}
 
 

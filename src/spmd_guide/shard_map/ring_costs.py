@@ -110,11 +110,13 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
 
     A send is a step round the ring when its device ids differ by one (or
     wrap from the last device to the first). Sends that go round a ring of
-    another size than ``ring`` raise ``InputError``: ``ring`` is wrong.
+    another size than ``ring``, or ops none of whose collectives run over ``ring`` devices,
+    raise ``InputError``: ``ring`` is wrong.
     """
     _check_ops(ops)
     ring = checks.count("ring", ring, maximum=checks.MAX_DEVICES)
-    others = sorted({op.group_size for op in ops} - {1, ring})
+    sizes = sorted({op.group_size for op in ops} - {1})
+    others = sizes if ring not in sizes else []
     if others:
         raise checks.InputError(
             f"ring={ring}, but the collectives of ops run over groups of {others} devices: "
