@@ -351,24 +351,36 @@ def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimize
     return nnx.merge(opt_graphdef, opt_state)
 
 
-def grads_fn(graphdef: Any, microbatches: int) -> Any:
+def grads_fn(graphdef: Any, microbatches: int, *, mesh: Mesh | None = None,
+             rules: Rules | None = None) -> Any:
     """``f(state, tokens) -> (loss, grads)``: the mean loss and its gradient, accumulated
     over ``microbatches`` equal slices of the batch in a ``jax.lax.scan``. Slice ``j`` takes
-    rows ``j, j + k, j + 2k, ...``, so each slice is spread over the devices as the batch is."""
+    rows ``j, j + k, j + 2k, ...``, so each slice is spread over the devices as the batch is.
+    With a ``mesh`` (Auto axes) and ``rules``, the slices, the running sum and the gradients
+    are pinned to the layouts the rules give them (each gradient its parameter's)."""
     value_and_grad = jax.value_and_grad(functools.partial(_pure_loss, graphdef))
-    if microbatches == 1:
-        return value_and_grad
+    k = microbatches
+
+    def pin(tree, shardings):
+        return tree if mesh is None else jax.lax.with_sharding_constraint(tree, shardings)
 
     def f(state, tokens):
-        k = microbatches
+        layouts = None if mesh is None else _shardings(state, rules, mesh)
+        if k == 1:
+            value, grads = value_and_grad(state, tokens)
+            return value, pin(grads, layouts)
         slices = tokens.reshape(tokens.shape[0] // k, k, -1).swapaxes(0, 1)
-        zeros = jax.tree.map(jnp.zeros_like, state)
+        if mesh is not None:
+            batch = mesh_spec(("batch", "length"), slices.shape[1:], rules, mesh,
+                              skip_indivisible=False)
+            slices = pin(slices, NamedSharding(mesh, P(None, *batch)))
 
         def body(carry, mb):
             total, acc = carry
             value, grads = value_and_grad(state, mb)
-            return (total + value, jax.tree.map(jnp.add, acc, grads)), None
+            return (total + value, pin(jax.tree.map(jnp.add, acc, grads), layouts)), None
 
+        zeros = pin(jax.tree.map(jnp.zeros_like, state), layouts)
         (total, acc), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros), slices)
         return total / k, jax.tree.map(lambda g: g / k, acc)
 
@@ -379,7 +391,9 @@ def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int) -> A
     """:func:`grads_fn` on the model's mesh: under ``auto_axes`` on Explicit axes, with the
     loss replicated and each gradient in its parameter's layout."""
     model = nnx.merge(graphdef, state)
-    f = grads_fn(graphdef, microbatches)
+    if model.mesh is None:
+        return grads_fn(graphdef, microbatches)(state, tokens)
+    f = grads_fn(graphdef, microbatches, mesh=_auto(model.mesh), rules=model.rules)
     if _explicit(model.mesh):
         out = (NamedSharding(model.mesh, P()), _shardings(state, model.rules, model.mesh))
         f = jax.sharding.auto_axes(f, out_sharding=out)
