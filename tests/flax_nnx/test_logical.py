@@ -96,14 +96,11 @@ def _reference_step(params, tokens):
     return ref_loss, optax.apply_updates(params, updates)
 
 
-# Quick: one case of each kind of check; the sweep covers every strategy on 1, 2, 4 and 8
-# devices with both axis types.
-def test_fsdp_tp_layout_and_loss_on_explicit_axes():
+# Quick: one case of each check, on a 2-D Explicit mesh; the sweep covers every strategy on
+# 1, 2, 4 and 8 devices with both axis types.
+def test_fsdp_tp_on_explicit_axes_layout_loss_and_accumulated_step():
     check_layout_and_loss("fsdp_tp", 4, "explicit")
-
-
-def test_fsdp_step_with_microbatches_equals_full_batch_step():
-    check_step("fsdp", 2, "auto", 2)
+    check_step("fsdp_tp", 4, "explicit", 2)
 
 
 SWEEP = [(name, n, kind) for name in RULES for n in (1, 2, 4, 8) for kind in ("auto", "explicit")]
@@ -121,6 +118,7 @@ def test_step_sweep(name, n, axis_types):
     check_step(name, n, axis_types, microbatches=1 if n == 1 else 4)
 
 
+@pytest.mark.slow
 def test_one_device_model_is_part_viii_model():
     model = Model(CONFIG, rngs=nnx.Rngs(0))
     params = to_lm_params(model)
@@ -134,6 +132,7 @@ def test_one_device_model_is_part_viii_model():
         assert len(spec) >= 1 and all(isinstance(n, str) for n in spec)
 
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_float32_parameters():
     mesh = _mesh("dp", 2, "auto")
     m32 = create(CONFIG, strategy="dp", mesh=mesh)
@@ -162,7 +161,7 @@ def test_bad_input():
         create({"vocab": 32}, strategy="dp", mesh=mesh)
     with pytest.raises(InputTypeError, match="rngs"):
         Model(CONFIG, rngs=0)
-    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    model = create(CONFIG, strategy="dp", mesh=_mesh("dp", 1, "auto"))
     optimizer = make_optimizer(model)
     with pytest.raises(InputError, match="microbatches=3"):
         train_step(model, optimizer, tokens(), microbatches=3)
@@ -180,7 +179,8 @@ def test_bad_input():
         train_step(model, optax.adamw(1e-3), tokens())
     with pytest.raises(InputError):
         make_optimizer(model, learning_rate=0)
-    other = make_optimizer(Model(lm.Config(d_model=16, n_heads=4), rngs=nnx.Rngs(0)))
+    other = make_optimizer(create(lm.Config(d_model=16, n_heads=4), strategy="dp",
+                                  mesh=_mesh("dp", 1, "auto")))
     with pytest.raises(InputError, match="does not track"):
         train_step(model, other, tokens())
     auto = mesh_of(2, ("data",))
