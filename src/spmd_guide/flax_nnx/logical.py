@@ -49,7 +49,7 @@ from spmd_guide.flax_nnx.rules import (
 from spmd_guide.transformer import lm
 from spmd_guide.transformer.attention import reference_attention
 
-__all__ = ["RULES", "Model", "create", "loss", "make_optimizer", "mesh_spec",
+__all__ = ["RULES", "Model", "abstract_model", "create", "loss", "make_optimizer", "mesh_spec",
            "param_specs", "to_lm_params", "train_step"]
 
 # --------------------------------------------------------------------------- the model
@@ -240,6 +240,29 @@ def create(config: lm.Config, *, strategy: str, mesh: Mesh, seed: int = 0,
     return model
 
 
+def abstract_model(config: lm.Config, *, strategy: str, mesh: Mesh,
+                   param_dtype: Any = jnp.float32, compute_dtype: Any = None) -> Model:
+    """The model :func:`create` would build, with ``jax.ShapeDtypeStruct`` parameters that
+    carry their shardings: nothing is initialised or allocated. Compile against it, or
+    restore a checkpoint into it (Flax's ``nnx.get_abstract_model`` does the same with its
+    own resolution of the names)."""
+    config = lm.check_config(config)
+    rules = rules_of(strategy)
+    mesh = _check_mesh(mesh)
+    check_rules(rules, mesh)
+    _check_sizes(strategy, config, mesh)
+    model = nnx.eval_shape(lambda: Model(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
+                                         compute_dtype=compute_dtype))
+    state = nnx.state(model)
+    variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    for var, sharding in zip(variables, jax.tree.leaves(_shardings(state, rules, mesh)),
+                             strict=True):
+        value = var.get_value()
+        var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+    model.mesh, model.rules = mesh, rules
+    return model
+
+
 @functools.lru_cache(maxsize=32)
 def _init_program(config: lm.Config, rules: Rules, mesh: Mesh, param_dtype: str,
                   compute_dtype: str | None) -> tuple[Any, Any]:
@@ -273,12 +296,12 @@ def to_lm_params(model: Model) -> lm.Params:
     model = _check_model(model)
 
     def block(b: Block) -> dict[str, jax.Array]:
-        return {k: getattr(b, k)[...] for k in ("norm1", "wq", "wk", "wv", "wo", "norm2",
+        return {k: getattr(b, k).get_value() for k in ("norm1", "wq", "wk", "wv", "wo", "norm2",
                                                "w_up", "w_down")}
 
-    return {"embed": model.embed[...], "pos": model.pos[...],
-            "blocks": [block(b) for b in model.blocks], "norm_f": model.norm_f[...],
-            "unembed": model.unembed[...]}
+    return {"embed": model.embed.get_value(), "pos": model.pos.get_value(),
+            "blocks": [block(b) for b in model.blocks], "norm_f": model.norm_f.get_value(),
+            "unembed": model.unembed.get_value()}
 
 
 # --------------------------------------------------------------------------- loss and training
@@ -336,19 +359,33 @@ def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimize
     under ``jax.jit`` in the parameters' layouts (ZeRO keeps them split like the weights)."""
     model = _check_model(model)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
-    tx = optax.adamw(learning_rate)
+    tx = _adamw(learning_rate)
     if model.mesh is None:
         return nnx.Optimizer(model, tx, wrt=nnx.Param)
     graphdef, state = nnx.split(model)
+    key = (graphdef, tx)
+    if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph and learning rate
 
-    def make(state):
-        return nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
+        def make(state):
+            return nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
 
-    opt_graphdef, abstract = nnx.split(nnx.eval_shape(make, state))
-    shardings = _shardings(abstract, model.rules, model.mesh)
-    opt_state = jax.jit(lambda s: nnx.state(make(s)), out_shardings=shardings,
-                        compiler_options=hlo.FAST_COMPILE)(state)
-    return nnx.merge(opt_graphdef, opt_state)
+        opt_graphdef, abstract = nnx.split(nnx.eval_shape(make, state))
+        init = jax.jit(lambda s: nnx.state(make(s)),
+                       out_shardings=_shardings(abstract, model.rules, model.mesh),
+                       compiler_options=hlo.FAST_COMPILE)
+        _OPTIMIZER_PROGRAMS[key] = (init, opt_graphdef)
+    init, opt_graphdef = _OPTIMIZER_PROGRAMS[key]
+    return nnx.merge(opt_graphdef, init(state))
+
+
+_OPTIMIZER_PROGRAMS: dict[Any, Any] = {}
+
+
+@functools.lru_cache(maxsize=16)
+def _adamw(learning_rate: float) -> optax.GradientTransformation:
+    """One AdamW per learning rate: the optimizer's graph holds it, so equal learning rates
+    give equal graphs and ``train_step`` compiles once for them."""
+    return optax.adamw(learning_rate)
 
 
 def grads_fn(graphdef: Any, microbatches: int, *, mesh: Mesh | None = None,

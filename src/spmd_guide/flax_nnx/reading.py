@@ -47,11 +47,15 @@ def step_program(model: logical.Model, optimizer: Any, tokens: Any, *,
 
 
 def _part_viii_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
+    """Part VIII's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
     strategy = STRATEGIES[name]
-    sp, st = strategy.shard(params, tokens, mesh)
+    shardings = strategy.shardings(params, mesh)
+    args = jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+                        params, shardings)
+    placed = jax.device_put(np.asarray(tokens), NamedSharding(mesh, strategy.token_spec()))
     fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
-                 out_shardings=(NamedSharding(mesh, P()), strategy.shardings(params, mesh)))
-    return hlo.compile(fn, sp, st, compiler_options=hlo.FAST_COMPILE), sp
+                 out_shardings=(NamedSharding(mesh, P()), shardings))
+    return hlo.compile(fn, args, placed, compiler_options=hlo.FAST_COMPILE), args
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -59,7 +63,8 @@ def _counts_text(counts: dict[str, int]) -> str:
 
 
 def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
-    """One row per strategy: whether every parameter of :func:`logical.create`'s model is laid
+    """One row per strategy: whether every parameter of the model :func:`logical.create`
+    builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
     out as Part VIII's strategy lays it out, and the collectives of both compiled
     loss-and-gradient programs. ``meshes`` maps strategy names to meshes."""
     if not isinstance(meshes, dict) or not meshes:
@@ -68,11 +73,11 @@ def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> 
             f"{checks.value_text(meshes)}.")
     rows = []
     for name, mesh in meshes.items():
-        model = logical.create(config, strategy=name, mesh=mesh)
-        params = jax.tree.map(np.asarray, logical.to_lm_params(model))
+        model = logical.abstract_model(config, strategy=name, mesh=mesh)
+        params = logical.to_lm_params(model)
         theirs, placed = _part_viii_program(name, mesh, config, params, tokens)
-        same = all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in zip(
-            jax.tree.leaves(logical.to_lm_params(model)), jax.tree.leaves(placed), strict=True))
+        same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape)) for a, b in zip(
+            jax.tree.leaves(params), jax.tree.leaves(placed), strict=True))
         ours = hlo.count_kinds(hlo.collectives_in_text(grad_program(model, tokens).as_text()))
         part8 = hlo.count_kinds(hlo.collectives_in_text(theirs.as_text()))
         rows.append({"strategy": name, "mesh": " x ".join(f"{k}={v}" for k, v in
