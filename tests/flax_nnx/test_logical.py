@@ -190,3 +190,19 @@ def test_bad_input():
     assert create(CONFIG, strategy="dp", mesh=auto).mesh is auto
     with pytest.raises(InputError, match="all axes Auto or all Explicit"):
         create(CONFIG, strategy="dp", mesh=manual_mixed)
+
+
+@pytest.mark.slow
+def test_model_without_mesh_trains_with_microbatches():
+    values = []
+    for k in (1, 4):
+        model = Model(CONFIG, rngs=nnx.Rngs(0))
+        before = _host(to_lm_params(model))
+        value = train_step(model, make_optimizer(model, learning_rate=1e-2), tokens(),
+                           microbatches=k)
+        values.append((float(value), to_lm_params(model)))
+    ref_loss, want = _reference_step(before, tokens())
+    for value, params in values:
+        np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+        for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)

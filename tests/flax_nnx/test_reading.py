@@ -92,6 +92,10 @@ def test_exercise_answers():
         logical._check_tokens(model, tokens(), k)
     with pytest.raises(InputError, match="microbatches=3"):
         logical._check_tokens(model, tokens(), 3)
+    # Microbatches of 8 rows or more split over 8 devices; smaller ones are computed whole.
+    for rows, spec in ((32, jax.P("data", None)), (8, jax.P("data", None)), (4, jax.P(None, None))):
+        assert mesh_spec(("batch", "length"), (rows, 9), RULES["dp"], d8,
+                         skip_indivisible=False) == spec
 
 
 def test_bad_input():

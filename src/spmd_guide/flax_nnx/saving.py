@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -31,24 +30,12 @@ def restore(directory: Any, config: Any, *, strategy: str, mesh: Any, step: int 
             param_dtype: Any = jnp.float32, compute_dtype: Any = None) -> logical.Model:
     """A model for ``config`` whose parameters are read from ``directory`` (default: its latest
     complete step), laid out by ``RULES[strategy]`` on ``mesh``; nothing is initialised."""
-    config = logical.lm.check_config(config)
-    rules = logical.rules_of(strategy)
-    mesh = logical._check_mesh(mesh)
-    logical.check_rules(rules, mesh)
-    logical._check_sizes(strategy, config, mesh)
-
-    def make():
-        return logical.Model(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
-                             compute_dtype=compute_dtype)
-
-    graphdef, abstract = nnx.split(nnx.eval_shape(make))
-    shardings = logical._shardings(abstract, rules, mesh)
-    like = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        nnx.to_pure_dict(abstract), nnx.to_pure_dict(shardings))
+    model = logical.abstract_model(config, strategy=strategy, mesh=mesh,
+                                   param_dtype=param_dtype, compute_dtype=compute_dtype)
     if step is not None:
         step = checks.count("step", step, minimum=0)
-    values = checkpoint.restore(directory, like=like, step=step)
-    nnx.replace_by_pure_dict(abstract, values)
-    model = nnx.merge(graphdef, abstract)
-    model.mesh, model.rules = mesh, rules
+    state = nnx.state(model)
+    values = checkpoint.restore(directory, like=nnx.to_pure_dict(state), step=step)
+    nnx.replace_by_pure_dict(state, values)
+    nnx.update(model, state)
     return model
