@@ -214,6 +214,16 @@ def param_specs(model_or_state: Any, rules: Rules, mesh: Mesh) -> Any:
                         is_leaf=lambda x: isinstance(x, (nnx.Variable, P)))
 
 
+def set_abstract(state: Any, rules: Rules, mesh: Mesh) -> None:
+    """Give every variable of an abstract state (from ``nnx.eval_shape``) a
+    ``jax.ShapeDtypeStruct`` value that carries the sharding ``rules`` give it."""
+    variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    for var, sharding in zip(variables, jax.tree.leaves(_shardings(state, rules, mesh)),
+                             strict=True):
+        value = var.get_value()
+        var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+
+
 def _shardings(state: Any, rules: Rules, mesh: Mesh) -> Any:
     return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(state, rules, mesh))
 
@@ -253,12 +263,7 @@ def abstract_model(config: lm.Config, *, strategy: str, mesh: Mesh,
     _check_sizes(strategy, config, mesh)
     model = nnx.eval_shape(lambda: Model(config, rngs=nnx.Rngs(0), param_dtype=param_dtype,
                                          compute_dtype=compute_dtype))
-    state = nnx.state(model)
-    variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    for var, sharding in zip(variables, jax.tree.leaves(_shardings(state, rules, mesh)),
-                             strict=True):
-        value = var.get_value()
-        var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+    set_abstract(nnx.state(model), rules, mesh)
     model.mesh, model.rules = mesh, rules
     return model
 

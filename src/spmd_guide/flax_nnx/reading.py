@@ -34,12 +34,19 @@ def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) ->
                        compiler_options=hlo.FAST_COMPILE)
 
 
-def step_program(model: logical.Model, optimizer: Any, tokens: Any, *,
-                 microbatches: int = 1) -> Any:
-    """The compiled program ``train_step`` runs (gradient and AdamW update), not run."""
+def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
+                 learning_rate: float = 1e-3) -> Any:
+    """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
+    ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
+    too, each leaf with its parameter's sharding, and nothing is allocated."""
     model = logical._check_model(model)
     microbatches = checks.count("microbatches", microbatches)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tokens = logical._check_tokens(model, tokens, microbatches)
+    tx = logical._adamw(learning_rate)
+    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model)
+    if model.mesh is not None:
+        logical.set_abstract(nnx.state(optimizer), model.rules, model.mesh)
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
     return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
