@@ -1,0 +1,182 @@
+"""What the pages of Part XII read from compiled programs: the NNX model's collectives next to
+Part VIII's, collectives inside and outside a gradient-accumulation loop, memory per device,
+and a small program where JAX's ``unreduced`` sharding defers the gradient's reduction."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from spmd_guide.core import checks, hlo, hlo_text
+from spmd_guide.flax_nnx import logical
+from spmd_guide.transformer.transformer import STRATEGIES
+
+__all__ = ["bytes_per_device", "compare_with_part_viii", "deferred_reduction", "grad_program",
+           "init_memory", "loop_counts", "step_program"]
+
+
+def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> Any:
+    """The compiled loss-and-gradient program of ``train_step`` (no update), on ``tokens``."""
+    model = logical._check_model(model)
+    microbatches = checks.count("microbatches", microbatches)
+    tokens = logical._check_tokens(model, tokens, microbatches)
+    graphdef, state = nnx.split(model)
+    fn = jax.jit(functools.partial(logical._grads, graphdef, microbatches=microbatches))
+    return hlo.compile(fn, state, logical._place_tokens(model, tokens),
+                       compiler_options=hlo.FAST_COMPILE)
+
+
+def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
+                 learning_rate: float = 1e-3) -> Any:
+    """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
+    ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
+    too, each leaf with its parameter's sharding, and nothing is allocated."""
+    model = logical._check_model(model)
+    microbatches = checks.count("microbatches", microbatches)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
+    tokens = logical._check_tokens(model, tokens, microbatches)
+    tx = logical._adamw(learning_rate)
+    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model)
+    if model.mesh is not None:
+        logical.set_abstract(nnx.state(optimizer), model.rules, model.mesh)
+    graphdef, state = nnx.split(model)
+    opt_graphdef, opt_state = nnx.split(optimizer)
+    return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
+                                       logical._place_tokens(model, tokens)).compile()
+
+
+def _part_viii_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
+    """Part VIII's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
+    strategy = STRATEGIES[name]
+    shardings = strategy.shardings(params, mesh)
+    args = jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+                        params, shardings)
+    placed = jax.device_put(np.asarray(tokens), NamedSharding(mesh, strategy.token_spec()))
+    fn = jax.jit(jax.value_and_grad(strategy.loss(mesh, config)),
+                 out_shardings=(NamedSharding(mesh, P()), shardings))
+    return hlo.compile(fn, args, placed, compiler_options=hlo.FAST_COMPILE), args
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
+
+
+def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
+    """One row per strategy: whether every parameter of the model :func:`logical.create`
+    builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
+    out as Part VIII's strategy lays it out, and the collectives of both compiled
+    loss-and-gradient programs. ``meshes`` maps strategy names to meshes."""
+    if not isinstance(meshes, dict) or not meshes:
+        raise checks.InputTypeError(
+            f"meshes must be a dict from strategy names to meshes, got "
+            f"{checks.value_text(meshes)}.")
+    rows = []
+    for name, mesh in meshes.items():
+        model = logical.abstract_model(config, strategy=name, mesh=mesh)
+        params = logical.to_lm_params(model)
+        theirs, placed = _part_viii_program(name, mesh, config, params, tokens)
+        same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape)) for a, b in zip(
+            jax.tree.leaves(params), jax.tree.leaves(placed), strict=True))
+        ours = hlo.count_kinds(hlo.collectives_in_text(grad_program(model, tokens).as_text()))
+        part8 = hlo.count_kinds(hlo.collectives_in_text(theirs.as_text()))
+        rows.append({"strategy": name, "mesh": " x ".join(f"{k}={v}" for k, v in
+                                                          mesh.shape.items()),
+                     "same layout": same, "NNX + table": _counts_text(ours),
+                     "Part VIII": _counts_text(part8), "same collectives": ours == part8})
+    return rows
+
+
+def loop_counts(program: Any) -> dict[str, dict[str, int]]:
+    """Collectives of a compiled program split by where they run: ``"per microbatch"`` (in
+    the body of a ``while`` loop, once per iteration) and ``"once"`` (everywhere else)."""
+    text = hlo_text.program_text(program)
+    module = hlo_text.parse_module(text)
+    bodies: set[str] = set()
+    for name in hlo_text.reachable(module):
+        for instruction in module.computations[name]:
+            if instruction.opcode == "while":
+                body = re.search(r"body=%?([\w.\-]+)", instruction.attributes)
+                if body:
+                    sub = hlo_text.Module(module.computations, body.group(1),
+                                          module.num_partitions, module.replica_count)
+                    bodies |= set(hlo_text.reachable(sub))
+    ops = hlo.collectives_in_text(text)
+    return {"per microbatch": hlo.count_kinds(o for o in ops if o.computation in bodies),
+            "once": hlo.count_kinds(o for o in ops if o.computation not in bodies)}
+
+
+def deferred_reduction(mesh: Any, *, microbatches: int = 4, deferred: bool) -> dict[str, Any]:
+    """Accumulate the gradient of a one-layer model over ``microbatches`` slices under data
+    parallelism on ``mesh`` (one Explicit axis ``data``), and return the compiled program's
+    collectives (:func:`loop_counts`) and the gradient's sum.
+
+    ``deferred=True`` hands the loop the weight as ``P(reduced={'data'})``: its gradient then
+    comes back *unreduced* (each device holds its own partial sum), the loop adds partial
+    sums, and one ``jax.reshard`` to ``P()`` after the loop reduces them once. Otherwise each
+    microbatch's gradient is all-reduced inside the loop."""
+    checks.mesh("mesh", mesh)
+    checks.axis(mesh, "data", name="mesh axis")
+    if tuple(mesh.axis_names) != ("data",) or \
+            any(t != jax.sharding.AxisType.Explicit for t in mesh.axis_types):
+        raise checks.InputError(
+            f"deferred_reduction needs a mesh with one Explicit axis 'data', got "
+            f"{dict(mesh.shape)} with {tuple(mesh.axis_types)}.")
+    microbatches = checks.count("microbatches", microbatches)
+    deferred = checks.flag("deferred", deferred)
+    n = int(mesh.shape["data"])
+    w = jax.device_put(jax.random.normal(jax.random.key(1), (16, 16)) / 4,
+                       NamedSharding(mesh, P()))
+    x = jax.device_put(jax.random.normal(jax.random.key(0), (microbatches, 4 * n, 16)),
+                       NamedSharding(mesh, P(None, "data", None)))
+
+    def loss(w, xb):
+        return jnp.sum(jnp.tanh(xb @ w) ** 2)
+
+    def accumulate(w, x):
+        if deferred:
+            w = jax.reshard(w, P(reduced={"data"}))
+
+        def body(g, xb):
+            return g + jax.grad(loss)(w, xb), None
+
+        g0 = jnp.zeros_like(w)
+        if deferred:
+            g0 = jax.reshard(g0, P(unreduced={"data"}))
+        g, _ = jax.lax.scan(body, g0, x)
+        return jax.reshard(g, P()) if deferred else g
+
+    with jax.set_mesh(mesh):
+        program = hlo.compile(jax.jit(accumulate), w, x, compiler_options=hlo.FAST_COMPILE)
+        grad = program(w, x)
+    return {"counts": loop_counts(program), "grad_sum": float(jnp.sum(grad)),
+            "grad_type": str(jax.typeof(grad))}
+
+
+def bytes_per_device(tree: Any) -> int:
+    """Bytes one device holds of a pytree of arrays (or of an NNX module's state), from each
+    array's shard shape."""
+    if isinstance(tree, nnx.Module):
+        tree = nnx.state(tree)
+    leaves = jax.tree.leaves(tree)
+    checks.array_tree("tree", leaves)
+    return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
+               for x in leaves)
+
+
+def init_memory(config: Any, *, strategy: str, mesh: Any) -> hlo.MemoryStats:
+    """Memory one device needs for :func:`logical.create`'s compiled initialisation: its
+    outputs are the device's shards, its temporaries what it draws on the way."""
+    config = logical.lm.check_config(config)
+    rules = logical.rules_of(strategy)
+    mesh = logical._check_mesh(mesh)
+    check = logical.check_rules(rules, mesh)
+    program, _ = logical._init_program(config, check, mesh, "float32", None)
+    return hlo.memory_per_device(program)

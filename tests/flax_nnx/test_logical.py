@@ -1,0 +1,214 @@
+"""The NNX model against the Part VIII model (lm, transformer.STRATEGIES): the same layouts,
+the same loss, the same training step, on meshes over the first 1, 2, 4 and 8 devices with
+Auto and Explicit axes."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from helpers import DEVICES, mesh_of
+
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.flax_nnx import logical
+from spmd_guide.flax_nnx.logical import (
+    RULES,
+    Model,
+    create,
+    loss,
+    make_optimizer,
+    to_lm_params,
+    train_step,
+)
+from spmd_guide.transformer import lm
+from spmd_guide.transformer.transformer import STRATEGIES
+
+CONFIG = lm.Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=1, seq_len=8)
+BATCH = 8
+
+
+@functools.cache
+def tokens():
+    return np.asarray(lm.counting_task(jax.random.key(1), batch=BATCH, config=CONFIG))
+
+
+def _mesh(name, n, axis_types):
+    return STRATEGIES[name].mesh(DEVICES[:n], axis_types=axis_types)
+
+
+def _host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+_lm_loss = jax.jit(lm.lm_loss, static_argnames="config")
+
+
+def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
+    mesh = _mesh(name, n, axis_types)
+    model = create(CONFIG, strategy=name, mesh=mesh, seed=3)
+    params = to_lm_params(model)
+    assert jax.tree.structure(params) == jax.tree.structure(
+        lm.init_params(jax.random.key(0), CONFIG))
+    # Every parameter laid out as Part VIII's strategy lays out its counterpart.
+    ref, ref_tokens = STRATEGIES[name].shard(_host(params), tokens(), mesh)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(params),
+                                 jax.tree.leaves(ref), strict=True):
+        assert got.sharding.is_equivalent_to(want.sharding, got.ndim), \
+            (jax.tree_util.keystr(path), got.sharding, want.sharding)
+        assert got.dtype == jnp.float32
+    value = loss(model, tokens())
+    np.testing.assert_allclose(value, _lm_loss(_host(params), tokens(), config=CONFIG),
+                               rtol=2e-6)
+    if part_viii_loss:
+        np.testing.assert_allclose(value, STRATEGIES[name].loss(mesh, CONFIG)(ref, ref_tokens),
+                                   rtol=2e-6)
+
+
+def check_step(name, n, axis_types, microbatches):
+    """One step with k microbatches equals one full-batch step (and Part VIII's AdamW step);
+    parameters and AdamW's moments keep the parameters' layouts."""
+    mesh = _mesh(name, n, axis_types)
+    model = create(CONFIG, strategy=name, mesh=mesh)
+    before = _host(to_lm_params(model))
+    layouts = [x.sharding for x in jax.tree.leaves(nnx.state(model))]
+    optimizer = make_optimizer(model, learning_rate=1e-2)
+    value = train_step(model, optimizer, tokens(), microbatches=microbatches)
+    ref_loss, want = _reference_step(before, tokens())
+    np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+    for got, w in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+    for x, s in zip(jax.tree.leaves(nnx.state(model)), layouts, strict=True):
+        assert x.sharding.is_equivalent_to(s, x.ndim)
+    mu = nnx.state(optimizer)["opt_state"][0]["mu"]
+    for m, s in zip(jax.tree.leaves(mu), layouts, strict=True):
+        assert m.sharding.is_equivalent_to(s, m.ndim)
+    assert int(optimizer.step[...]) == 1
+
+
+@jax.jit
+def _reference_step(params, tokens):
+    """Part VIII's model, one AdamW step on the whole batch on one device."""
+    ref_loss, grads = jax.value_and_grad(functools.partial(lm.lm_loss, config=CONFIG))(
+        params, tokens)
+    tx = optax.adamw(1e-2)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    return ref_loss, optax.apply_updates(params, updates)
+
+
+# Quick: layouts and loss on a 2-D Explicit mesh; the sweeps cover every strategy on 1, 2, 4
+# and 8 devices with both axis types, and the training step with microbatches.
+def test_fsdp_tp_on_explicit_axes_layout_and_loss():
+    check_layout_and_loss("fsdp_tp", 4, "explicit", part_viii_loss=False)
+
+
+SWEEP = [(name, n, kind) for name in RULES for n in (1, 2, 4, 8) for kind in ("auto", "explicit")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "n", "axis_types"), SWEEP)
+def test_layout_and_loss_sweep(name, n, axis_types):
+    check_layout_and_loss(name, n, axis_types)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "n", "axis_types"), SWEEP)
+def test_step_sweep(name, n, axis_types):
+    check_step(name, n, axis_types, microbatches=1 if n == 1 else 4)
+
+
+@pytest.mark.slow
+def test_one_device_model_is_part_viii_model():
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    params = to_lm_params(model)
+    shapes = jax.tree.map(lambda x: x.shape, params)
+    assert shapes == jax.tree.map(tuple, lm.param_shapes(CONFIG),
+                                  is_leaf=lambda x: isinstance(x, tuple))
+    np.testing.assert_allclose(loss(model, tokens()),
+                               lm.lm_loss(params, tokens(), config=CONFIG), rtol=2e-6)
+    # Every parameter is annotated with the logical names of its dimensions.
+    for spec in jax.tree.leaves(nnx.get_partition_spec(nnx.state(model))):
+        assert len(spec) >= 1 and all(isinstance(n, str) for n in spec)
+
+
+@pytest.mark.slow
+def test_bf16_compute_keeps_float32_parameters():
+    mesh = _mesh("dp", 2, "auto")
+    m32 = create(CONFIG, strategy="dp", mesh=mesh)
+    m16 = create(CONFIG, strategy="dp", mesh=mesh, compute_dtype=jnp.bfloat16)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(m16)))
+    l32, l16 = float(loss(m32, tokens())), float(loss(m16, tokens()))
+    assert l32 != l16 and abs(l32 - l16) < 0.05
+    text = jax.jit(lambda s, t: logical._pure_loss(nnx.graphdef(m16), s, t)).lower(
+        nnx.state(m16), tokens()).as_text()
+    assert "bf16" in text
+
+
+def test_bad_input():
+    mesh = _mesh("dp", 2, "auto")
+    with pytest.raises(InputError, match="unknown strategy 'zero3'"):
+        create(CONFIG, strategy="zero3", mesh=mesh)
+    with pytest.raises(InputError, match="names mesh axis 'model'"):
+        create(CONFIG, strategy="tp", mesh=mesh)
+    with pytest.raises(InputError, match="n_heads"):
+        create(lm.Config(n_heads=4), strategy="tp", mesh=_mesh("tp", 8, "auto"))
+    for kwargs in ({"seed": -1}, {"seed": 1.5}, {"param_dtype": jnp.int32},
+                   {"compute_dtype": "int8"}, {"mesh": "data"}, {"strategy": None}):
+        with pytest.raises(InputError):
+            create(CONFIG, **({"strategy": "dp", "mesh": mesh} | kwargs))
+    with pytest.raises(InputTypeError):
+        create({"vocab": 32}, strategy="dp", mesh=mesh)
+    with pytest.raises(InputTypeError, match="rngs"):
+        Model(CONFIG, rngs=0)
+    # Abstract models and optimizers: every check runs before anything is compiled.
+    model = logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", 1, "auto"))
+    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param),
+                               model)
+    with pytest.raises(InputError, match="microbatches=3"):
+        train_step(model, optimizer, tokens(), microbatches=3)
+    for k in (0, -2, 1.0, True):
+        with pytest.raises(InputError):
+            train_step(model, optimizer, tokens(), microbatches=k)
+    with pytest.raises(InputError, match="seq_len"):
+        loss(model, tokens()[:, :5])
+    with pytest.raises(InputError, match="token id"):
+        loss(model, tokens() + CONFIG.vocab)
+    for bad in (to_lm_params(model), None):
+        with pytest.raises(InputTypeError):
+            loss(bad, tokens())
+    with pytest.raises(InputTypeError):
+        train_step(model, optax.adamw(1e-3), tokens())
+    with pytest.raises(InputError):
+        make_optimizer(model, learning_rate=0)
+    small = logical.abstract_model(lm.Config(d_model=16, n_heads=4), strategy="dp",
+                                   mesh=_mesh("dp", 1, "auto"))
+    other = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param), small)
+    with pytest.raises(InputError, match="does not track"):
+        train_step(model, other, tokens())
+    auto = mesh_of(2, ("data",))
+    manual_mixed = jax.make_mesh((2, 1), ("data", "model"), devices=DEVICES[:2],
+                                 axis_types=(jax.sharding.AxisType.Auto,
+                                             jax.sharding.AxisType.Explicit))
+    assert logical.abstract_model(CONFIG, strategy="dp", mesh=auto).mesh is auto
+    with pytest.raises(InputError, match="all axes Auto or all Explicit"):
+        create(CONFIG, strategy="dp", mesh=manual_mixed)
+
+
+@pytest.mark.slow
+def test_model_without_mesh_trains_with_microbatches():
+    values = []
+    for k in (1, 4):
+        model = Model(CONFIG, rngs=nnx.Rngs(0))
+        before = _host(to_lm_params(model))
+        value = train_step(model, make_optimizer(model, learning_rate=1e-2), tokens(),
+                           microbatches=k)
+        values.append((float(value), to_lm_params(model)))
+    ref_loss, want = _reference_step(before, tokens())
+    for value, params in values:
+        np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+        for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,109 @@
+"""The compiler facts Part XII's pages state: the NNX model's collectives equal Part VIII's,
+where accumulation's collectives run, the unreduced deferral, memory per device."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import DEVICES
+
+from spmd_guide.core.checks import InputError, InputTypeError
+from spmd_guide.flax_nnx import logical, reading
+from spmd_guide.flax_nnx.rules import RULES, mesh_spec
+from spmd_guide.transformer import lm
+from spmd_guide.transformer.transformer import STRATEGIES
+
+CONFIG = lm.Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=1, seq_len=8)
+
+
+@functools.cache
+def tokens(batch=32):
+    return lm.counting_task(jax.random.key(1), batch=batch, config=CONFIG)
+
+
+def _mesh(name, n, kind="auto"):
+    return STRATEGIES[name].mesh(DEVICES[:n], axis_types=kind)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(RULES))
+def test_same_layout_and_collectives_as_part_viii(name):
+    [row] = reading.compare_with_part_viii(CONFIG, tokens(), {name: _mesh(name, 8)})
+    assert row["same layout"] and row["same collectives"], row
+
+
+@pytest.mark.slow
+def test_accumulation_reduces_per_microbatch_and_fsdp_gathers_once():
+    dp = logical.create(CONFIG, strategy="dp", mesh=_mesh("dp", 4))
+    where = reading.loop_counts(reading.grad_program(dp, tokens(), microbatches=4))
+    assert where["per microbatch"]["all-reduce"] >= 1
+    assert sum(where["once"].values()) == 0
+    fsdp = logical.create(CONFIG, strategy="fsdp", mesh=_mesh("fsdp", 4))
+    where = reading.loop_counts(reading.grad_program(fsdp, tokens(), microbatches=4))
+    assert where["per microbatch"]["all-reduce"] >= 1
+    assert where["per microbatch"]["all-gather"] == 0 and where["once"]["all-gather"] > 0
+
+
+@pytest.mark.slow
+def test_unreduced_moves_the_reduction_out_of_the_loop():
+    mesh = jax.make_mesh((4,), ("data",), devices=DEVICES[:4])
+    each = reading.deferred_reduction(mesh, microbatches=3, deferred=False)
+    once = reading.deferred_reduction(mesh, microbatches=3, deferred=True)
+    assert each["counts"]["per microbatch"]["all-reduce"] == 1
+    assert sum(each["counts"]["once"].values()) == 0
+    assert sum(once["counts"]["per microbatch"].values()) == 0
+    assert once["counts"]["once"]["all-reduce"] == 1
+    assert once["grad_sum"] == pytest.approx(each["grad_sum"], rel=1e-5)
+    with pytest.raises(InputError, match="one Explicit axis"):
+        reading.deferred_reduction(_mesh("dp", 2), deferred=True)
+
+
+@pytest.mark.slow
+def test_memory_and_bf16_step():
+    mesh = _mesh("fsdp", 8)
+    model = logical.create(CONFIG, strategy="fsdp", mesh=mesh)
+    whole = reading.bytes_per_device(logical.Model(CONFIG, rngs=logical.nnx.Rngs(0)))
+    held = reading.bytes_per_device(model)
+    assert held < whole / 4
+    mem = reading.init_memory(CONFIG, strategy="fsdp", mesh=mesh)
+    assert mem.output_bytes + mem.temp_bytes < whole
+    m16 = logical.abstract_model(CONFIG, strategy="fsdp", mesh=mesh, compute_dtype=jnp.bfloat16)
+    progs = [reading.step_program(m, tokens()) for m in (model, m16)]
+    mems = [p.memory_analysis() for p in progs]
+    assert mems[0].argument_size_in_bytes == mems[1].argument_size_in_bytes
+    assert mems[1].temp_size_in_bytes < mems[0].temp_size_in_bytes
+    assert "bf16" in progs[1].as_text()
+
+
+def test_exercise_answers():
+    mesh = jax.make_mesh((2,), ("model",), devices=DEVICES[:2])
+    mlp_only = (("mlp", "model"),)
+    assert mesh_spec(("embed", "mlp"), (32, 64), mlp_only, mesh) == jax.P(None, "model")
+    assert mesh_spec(("embed", "heads", "head_dim"), (32, 8, 4), mlp_only, mesh) == \
+        jax.P(None, None, None)
+    d8 = jax.make_mesh((8,), ("data",), devices=DEVICES)
+    assert mesh_spec(("heads", "head_dim", "embed"), (4, 8, 32), RULES["fsdp"], d8) == \
+        jax.P(None, "data", None)
+    model = logical.nnx.eval_shape(lambda: logical.Model(CONFIG, rngs=logical.nnx.Rngs(0)))
+    for k in (1, 2, 4, 8, 16, 32):
+        logical._check_tokens(model, tokens(), k)
+    with pytest.raises(InputError, match="microbatches=3"):
+        logical._check_tokens(model, tokens(), 3)
+    # Microbatches of 8 rows or more split over 8 devices; smaller ones are computed whole.
+    for rows, spec in ((32, jax.P("data", None)), (8, jax.P("data", None)), (4, jax.P(None, None))):
+        assert mesh_spec(("batch", "length"), (rows, 9), RULES["dp"], d8,
+                         skip_indivisible=False) == spec
+
+
+def test_bad_input():
+    with pytest.raises(InputTypeError):
+        reading.compare_with_part_viii(CONFIG, tokens(), [])
+    with pytest.raises(InputTypeError):
+        reading.grad_program("model", tokens())
+    with pytest.raises(InputError):
+        reading.init_memory(CONFIG, strategy="tp", mesh=_mesh("dp", 2))
+    with pytest.raises(InputError):
+        reading.bytes_per_device([])
