@@ -138,7 +138,7 @@ def test_sharded_row_on_explicit_axes():
                               mesh=mesh, reference=(tokens, logits))
     assert row["same tokens"] is True and row["mesh"] == "model=8"
     assert row["collectives per decode step"] == f"2 all-gather, {2 * CONFIG.n_layers} all-reduce"
-    assert row["cache / device"] * 8 == 2 * CONFIG.n_layers * BATCH * (PROMPT_LEN + STEPS) \
+    assert row["cache / device"] * 8 == 2 * CONFIG.n_layers * BATCH * (PROMPT_LEN + STEPS - 1) \
         * CONFIG.d_model * 4
     assert row["sent per decode step"] > 0
 
@@ -218,11 +218,9 @@ def test_heads_first_cache_is_read_in_place():
     max_len, heads, head_dim] XLA:CPU transposes it at every step."""
     config = Config(vocab=16, d_model=64, n_heads=4, d_ff=64, n_layers=1, seq_len=512)
     srv = serving.server(config)
-    params = serving.abstract_params(config, srv)
-    tok = jax.ShapeDtypeStruct((4, 1), jnp.int32)
-    start = jax.ShapeDtypeStruct((), jnp.int32)
-    compiled = hlo.compile(srv.step, params, tok, start, srv.cache_shapes(4, 512))
+    compiled = hlo.compile(srv.step, *serving.step_args(srv, batch=4, length=1, max_len=512))
     assert not _big_copies(compiled, 512)
+    start = jax.ShapeDtypeStruct((), jnp.int32)
 
     def other_order(q, k, new_k, start):
         k = jax.lax.dynamic_update_slice(k, new_k, (0, start, 0, 0))
@@ -261,12 +259,13 @@ def _bad(**kw):
     ({"prompt": np.full((2, 3), 48, np.int32)}, checks.InputError, "[0, 48)"),
     ({"prompt": np.full((2, 3), -1, np.int32)}, checks.InputError, "[0, 48)"),
     ({"prompt": "hello"}, checks.InputTypeError, "array"),
-    ({"steps": 14}, checks.InputError, "config.seq_len=20"),
+    ({"steps": 15}, checks.InputError, "config.seq_len=20"),
+    ({"prompt": np.zeros((2, 21), np.int32)}, checks.InputError, "longer than"),
     ({"steps": 0}, checks.InputError, "steps must be at least 1"),
     ({"steps": 2.0}, checks.InputTypeError, "steps must be an integer"),
     ({"strategy": "zero"}, checks.InputError, "unknown strategy"),
     ({"strategy": "cp"}, checks.InputError, "single position"),
-    ({"strategy": "tp_sp"}, checks.InputError, "cannot serve"),
+    ({"strategy": "tp_sp"}, checks.InputError, "cannot run this decode step"),
     ({"mesh": "mesh"}, checks.InputError, "without a strategy"),
     ({"strategy": "dp", "mesh": "mesh"}, checks.InputTypeError, "jax.sharding.Mesh"),
     ({"config": {"vocab": 48}}, checks.InputTypeError, "Config"),
