@@ -42,8 +42,10 @@ def test_prefill_reads_the_same_bytes_for_a_prompt_of_tokens():
     h100 = hardware.CHIPS["h100-sxm"]
     assert prefill.estimate(h100).bound == "compute"
     assert decode.estimate(h100).bound == "memory"
-    for chip in hardware.CHIPS.values():  # every chip: prefill above its ridge, decode far below
-        assert prefill.intensity / costs.BYTE_SCALE > chip.ridge
+    # With the head on the last position only (review B2), prefill at this prompt is above the
+    # H100's ridge but not every chip's (the v6e's is higher); decode is far below every one.
+    assert prefill.intensity / costs.BYTE_SCALE > h100.ridge
+    for chip in hardware.CHIPS.values():
         assert decode.intensity / costs.BYTE_SCALE < chip.ridge / 100
 
 
