@@ -40,7 +40,10 @@ from spmd_guide.serving.step import (
 )
 from spmd_guide.transformer.lm import Config, Params
 
-__all__ = ["Run", "check_requests", "run", "serve"]
+__all__ = ["COMPILE_EVENT", "Run", "check_requests", "compiled_programs", "run", "serve"]
+
+#: The event JAX records once per program it compiles (jax/_src/dispatch.py).
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @dataclass
@@ -165,3 +168,21 @@ def serve(params: Params, requests: Any, *, config: Config, max_new_tokens: int,
     and one decode program however many requests there are."""
     return run(params, requests, config=config, max_new_tokens=max_new_tokens, slots=slots,
                strategy=strategy, mesh=mesh, eos_id=eos_id).outputs
+
+
+def compiled_programs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
+    """``fn(*args, **kwargs)`` and the number of programs XLA compiled while it ran (JAX's
+    compile event, counted by a listener)."""
+    count = 0
+
+    def listen(event: str, duration: float, **_: Any) -> None:
+        nonlocal count
+        count += event == COMPILE_EVENT
+
+    checks.function("fn", fn)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return result, count
