@@ -16,7 +16,7 @@ from spmd_guide.core import checks
 from spmd_guide.serving import batching, serving
 from spmd_guide.transformer.lm import Config, init_params
 
-CONFIG = Config(vocab=36, d_model=32, n_heads=8, d_ff=48, n_layers=2, seq_len=18)
+CONFIG = Config(vocab=40, d_model=32, n_heads=8, d_ff=48, n_layers=2, seq_len=18)
 NEW = 6
 
 
@@ -98,21 +98,21 @@ def test_sharded_serve_equals_alone(name, n, explicit):
     ({"requests": [[1, 2], []]}, checks.InputError, "requests[1] is empty"),
     ({"requests": "hello"}, checks.InputTypeError, "list of prompts"),
     ({"requests": [[1, 2], 3]}, checks.InputTypeError, "requests[1] must be a list"),
-    ({"requests": [[1, 36]]}, checks.InputError, "[0, 36)"),
-    ({"requests": [[-1]]}, checks.InputError, "[0, 36)"),
+    ({"requests": [[1, 40]]}, checks.InputError, "[0, 40)"),
+    ({"requests": [[-1]]}, checks.InputError, "[0, 40)"),
     ({"requests": [[1.5]]}, checks.InputTypeError, "integer"),
     ({"requests": [list(range(18)) + [1]]}, checks.InputError, "longer than"),
     ({"slots": 0}, checks.InputError, "slots must be at least 1"),
     ({"slots": 2.0}, checks.InputTypeError, "slots must be an integer"),
     ({"max_new_tokens": 0}, checks.InputError, "max_new_tokens must be at least 1"),
     ({"max_new_tokens": 17}, checks.InputError, "generate at most 16 steps"),
-    ({"eos_id": 36}, checks.InputError, "eos_id must be at most 35"),
+    ({"eos_id": 40}, checks.InputError, "eos_id must be at most 39"),
     ({"eos_id": -1}, checks.InputError, "eos_id must be at least 0"),
     ({"config": "C"}, checks.InputTypeError, "Config"),
     ({"strategy": "cp"}, checks.InputError, "cannot run this decode step"),
     ({"strategy": "dp", "slots": 3, "mesh": mesh_of(2, ("data",))}, checks.InputError,
      "does not split"),
-    ({"params": {"embed": np.zeros((36, 32))}}, checks.InputError, "params"),
+    ({"params": {"embed": np.zeros((40, 32))}}, checks.InputError, "params"),
 ])
 def test_bad_input_is_refused(kw, error, words):
     params, requests, _, _ = setup()

@@ -125,3 +125,34 @@ def test_frequencies_refuses_bad_input():
         sampling.frequencies(LOGITS[0], chosen, key=0, draws=0)
     with pytest.raises(checks.InputTypeError, match="random key"):
         sampling.frequencies(LOGITS[0], chosen, key="k", draws=10)
+
+
+def test_exercise_answers():
+    # 1. Temperature 0.01: one-hot on the argmax.
+    cold = np.asarray(sampling.probabilities(LOGITS, sampling.Sampler(0.01)))
+    np.testing.assert_allclose(cold, np.eye(24)[np.argmax(LOGITS, -1)], atol=1e-4)
+    # 2. Top-p over 0.4, 0.3, 0.2, 0.1.
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))
+    half = np.asarray(sampling.probabilities(logits, sampling.Sampler(1.0, top_p=0.5)))
+    np.testing.assert_allclose(half, [4 / 7, 3 / 7, 0, 0], atol=1e-6)
+    most = np.asarray(sampling.probabilities(logits, sampling.Sampler(1.0, top_p=0.75)))
+    np.testing.assert_allclose(most, [4 / 9, 3 / 9, 2 / 9, 0], atol=1e-6)
+    # 3. Eight devices each keeping their own top-2 of 8 logits: 16 candidates.
+    row = np.random.default_rng(1).normal(size=64).astype(np.float32)
+    local = {i * 8 + j for i in range(8) for j in np.argsort(-row[i * 8:(i + 1) * 8])[:2]}
+    assert len(local) == 16 and not local <= set(np.argsort(-row)[:2])
+
+
+def test_draws_figure_has_alt_text_and_readable_text():
+    from spmd_guide.core import drawing
+
+    samplers = {"t 1": sampling.Sampler(1.0), "top-k 3": sampling.Sampler(1.0, top_k=3)}
+    rows = sampling.draw_rows(LOGITS[0], samplers, key=1, draws=500)
+    fig = sampling.draws_figure(rows, draws=500, show=6)
+    assert "500 draws" in fig.alt and "t 1; top-k 3" in fig.alt
+    assert drawing.smallest_text_pt(fig) >= 8.5
+    assert len(fig.axes) == 2
+    with pytest.raises(checks.InputTypeError, match="Sampler"):
+        sampling.draw_rows(LOGITS[0], {"x": 1.0}, key=1, draws=5)
+    with pytest.raises(checks.InputTypeError, match="draw_rows"):
+        sampling.draws_figure({}, draws=5)

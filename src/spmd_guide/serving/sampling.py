@@ -28,7 +28,7 @@ import numpy as np
 
 from spmd_guide.core import checks
 
-__all__ = ["GREEDY", "Sampler", "chi_square", "frequencies", "probabilities", "restrict", "sample", "sampler",
+__all__ = ["GREEDY", "Sampler", "chi_square", "draw_rows", "draws_figure", "frequencies", "probabilities", "restrict", "sample", "sampler",
            "step_key"]
 
 
@@ -133,3 +133,52 @@ def chi_square(counts: Any, probs: Any) -> tuple[float, int]:
     n, live = counts.sum(), probs > 0
     expected = n * probs[live]
     return float(np.sum((counts[live] - expected) ** 2 / expected)), int(live.sum()) - 1
+
+
+def draw_rows(logits: Any, samplers: dict[str, Sampler], *, key: Any, draws: int
+              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per sampler (titled by its key in ``samplers``): the probabilities :func:`sample`
+    gives each token of ``logits`` ``[vocab]`` and the share of ``draws`` draws that picked
+    it."""
+    logits = np.asarray(checks.array("logits", logits, ndim=1, dtype_kind="f"))
+    if not isinstance(samplers, dict) or not samplers or not all(
+            isinstance(s, Sampler) for s in samplers.values()):
+        raise checks.InputTypeError("samplers must map titles to Sampler objects.")
+    return {label: (np.asarray(probabilities(logits, s)),
+                    frequencies(logits, s, key=key, draws=draws))
+            for label, s in samplers.items()}
+
+
+def draws_figure(rows: dict[str, tuple[np.ndarray, np.ndarray]], *, draws: int,
+                 show: int = 12) -> Any:
+    """One panel per row of :func:`draw_rows`: the probability of each of the ``show``
+    likeliest tokens (bars) and how often the ``draws`` draws picked it (dots). Vector figure
+    with alt text (:mod:`spmd_guide.core.drawing`)."""
+    from spmd_guide.core.drawing import subplots
+
+    if not isinstance(rows, dict) or not rows:
+        raise checks.InputTypeError("rows must be draw_rows(...)'s dict of (probs, shares).")
+    first = next(iter(rows.values()))[0]
+    show = checks.count("show", show, maximum=first.shape[0])
+    order = np.argsort(-first, kind="stable")[:show]
+    gap = max(float(np.max(np.abs(p - f))) for p, f in rows.values())
+    fig, axes = subplots(len(rows), 1, figsize=(4.4, 1.7 * len(rows) + 0.5), sharex=True,
+                         squeeze=False, alt=(
+                             f"Bar charts, one per sampler ({'; '.join(rows)}): the probability "
+                             f"of each of the {show} likeliest tokens (bars) and the fraction "
+                             f"of {draws:,} draws that picked it (dots). The dots sit on the "
+                             f"bars: the largest gap is {gap:.3f}; tokens cut off by top-k or "
+                             f"top-p have no bar and no dot."))
+    x = np.arange(show)
+    for ax, (label, (p, f)) in zip(axes[:, 0], rows.items(), strict=True):
+        ax.bar(x, p[order], color="#77AADD", edgecolor="#1F4E79", label="probability")
+        ax.plot(x, f[order], "o", color="#B5402A", markersize=4, label="share of draws")
+        ax.set_title(label, fontsize=10)
+        ax.set_ylabel("probability", fontsize=9)
+        ax.tick_params(labelsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=9, frameon=False)
+    axes[-1, 0].set_xticks(x, [str(t) for t in order])
+    axes[-1, 0].set_xlabel("token id, likeliest first", fontsize=9)
+    fig.tight_layout()
+    return fig
