@@ -127,3 +127,45 @@ def test_run_refuses_an_unknown_policy():
     params, *_ = setup()
     with pytest.raises(checks.InputError, match="policy"):
         batching.run(params, [[1]], config=CONFIG, max_new_tokens=1, slots=1, policy="fifo")
+
+
+def _decode_steps(new_tokens: list[int], slots: int, policy: str) -> int:
+    """An independent count: each request makes its first token at prefill and one per decode
+    step after; a slot is refilled at once (continuous) or when every slot is free (static)."""
+    queue, left, steps = list(new_tokens), [0] * slots, 0
+    while queue or any(left):
+        if queue and (policy == "continuous" or not any(left)):
+            for s in range(slots):
+                if not left[s] and queue:
+                    left[s] = queue.pop(0) - 1
+            continue
+        steps += 1
+        left = [max(n - 1, 0) for n in left]
+    return steps
+
+
+def test_exercise_answers():
+    # 1. 6, 2, 2, 6 new tokens through 2 slots.
+    assert _decode_steps([6, 2, 2, 6], 2, "static") == 10
+    assert _decode_steps([6, 2, 2, 6], 2, "continuous") == 7
+    # The same count as batching.run on the requests of this module.
+    params, requests, eos, _ = setup()
+    news = [len(x) for x in alone(eos)]
+    for policy in ("static", "continuous"):
+        run = batching.run(params, requests, config=CONFIG, max_new_tokens=NEW, slots=3,
+                           eos_id=eos, policy=policy)
+        assert run.decode_steps == _decode_steps(news, 3, policy)
+    # 3. A request of one new token takes no decode step.
+    assert _decode_steps([1, 1, 1], 2, "continuous") == 0
+    # 2. The launches: test_serving.py::test_device_loop_equals_python_loop_with_one_dispatch.
+
+
+def test_throughput_rows():
+    runs = {"a": batching.Run([[1]], prefills=1, decode_steps=4, busy=[2, 2, 1, 1])}
+    row, = batching.throughput_rows(runs, step_s=1e-3, chip="x")
+    assert row["tokens per decode step (measured)"] == "1.50"
+    assert row["tokens/s per chip, x (predicted)"] == "1,500"
+    with pytest.raises(checks.InputError, match="positive"):
+        batching.throughput_rows(runs, step_s=0, chip="x")
+    with pytest.raises(checks.InputTypeError, match="Run"):
+        batching.throughput_rows({"a": 1}, step_s=1, chip="x")

@@ -536,3 +536,56 @@ def test_decode_collectives_refuses_an_empty_cache_and_no_strategy():
         serving.decode_collectives(CONFIG, strategy=None, n_devices=2, batch=8)
     with pytest.raises(checks.InputError, match="n_devices must be at most 8"):
         serving.decode_collectives(CONFIG, strategy="tp", n_devices=9, batch=8)
+
+
+_C = Config(vocab=16, d_model=16, n_heads=2, d_ff=16, n_layers=1, seq_len=8)
+
+
+@functools.cache
+def _small():
+    return init_params(jax.random.key(0), _C)
+
+
+_PR = np.ones((2, 3), np.int32)
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda: serving.init_cache("C", batch=1, max_len=2), "config must be a Config"),
+    (lambda: serving.init_cache(_C, batch=True, max_len=2), "batch must be an integer"),
+    (lambda: serving.init_cache(_C, batch=1, max_len=0), "max_len must be at least 1"),
+    (lambda: serving.cache_bytes("x"), "must be an array"),
+    (lambda: serving.cache_bytes([]), "at least one array"),
+    (lambda: serving.compiled_step(_C, batch=1, length=0, max_len=4), "length must be at least"),
+    (lambda: serving.compiled_step(_C, batch=1, length=5, max_len=4), "length must be at most"),
+    (lambda: serving.compiled_step({}, batch=1, length=1, max_len=4), "Config"),
+    (lambda: serving.donation_rows(_C, batch=1, max_len=9), "max_len must be at most 8"),
+    (lambda: serving.donation_rows(None, batch=1, max_len=2), "Config"),
+    (lambda: serving.sharded_row(_small(), _PR, config=_C, steps=2, strategy="tp",
+                                 mesh=serving.STRATEGIES["tp"].mesh(DEVICES[:2]),
+                                 reference=(np.zeros((1, 1)), np.zeros(3))), "reference's"),
+    (lambda: serving.sharded_row(_small(), _PR, config=_C, steps=2, strategy=None, mesh=None,
+                                 reference=(0, 0)), "needs a strategy"),
+    (lambda: serving.dispatches(_small(), _PR, config=_C, steps=2, temp=1), "unknown options"),
+    (lambda: serving.generate("p", _PR, config=_C, steps=2), "params"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=True), "steps must be an integer"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, key=1.5), "random key"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, prompt_lengths=[[1], [2]]),
+     "1 dimension"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, strategy=3), "unknown strategy"),
+    (lambda: serving.server(3), "Config"),
+    (lambda: serving.serve(_small(), {"a": [1]}, config=_C, max_new_tokens=1, slots=1),
+     "list of prompts"),
+    (lambda: serving.serve(_small(), [[[1, 2]]], config=_C, max_new_tokens=1, slots=1),
+     "1 dimension"),
+    (lambda: serving.serve(_small(), [[True]], config=_C, max_new_tokens=1, slots=1), "integer"),
+    (lambda: serving.decode_collectives(_C, strategy="tp", n_devices=2, batch=0),
+     "batch must be at least 1"),
+    (lambda: serving.decode_collectives(_C, strategy="tp", n_devices=2, batch=2, max_len="4"),
+     "max_len must be an integer"),
+], ids=lambda x: "" if callable(x) else x)
+def test_the_boundary_refuses_each_class_of_bad_argument(call, words):
+    """Every public function, each kind of argument (config, sizes, pytrees, options, names):
+    a clear InputError naming it, before anything runs."""
+    with pytest.raises(checks.InputError) as info:
+        call()
+    assert words in str(info.value)

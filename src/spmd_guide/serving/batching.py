@@ -40,7 +40,8 @@ from spmd_guide.serving.step import (
 )
 from spmd_guide.transformer.lm import Config, Params
 
-__all__ = ["COMPILE_EVENT", "Run", "check_requests", "compiled_programs", "run", "serve"]
+__all__ = ["COMPILE_EVENT", "Run", "check_requests", "compiled_programs", "run", "serve",
+           "throughput_rows"]
 
 #: The event JAX records once per program it compiles (jax/_src/dispatch.py).
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -63,7 +64,7 @@ class Run:
 
 def check_requests(requests: Any, config: Config) -> list[list[int]]:
     """A non-empty sequence of prompts, each a non-empty sequence of ids in ``[0, vocab)``."""
-    if isinstance(requests, (str, bytes)) or not hasattr(requests, "__len__"):
+    if isinstance(requests, (str, bytes, dict)) or not hasattr(requests, "__len__"):
         raise checks.InputTypeError(
             f"requests must be a list of prompts (lists of token ids), got "
             f"{checks.value_text(requests)}.")
@@ -76,8 +77,8 @@ def check_requests(requests: Any, config: Config) -> list[list[int]]:
                 f"requests[{i}] must be a list of token ids, got {checks.value_text(request)}.")
         if len(request) == 0:
             raise checks.InputError(f"requests[{i}] is empty: a prompt needs at least one token.")
-        ids = check_prompt(np.asarray(request)[None] if not isinstance(request, np.ndarray)
-                           else request[None], config, name=f"requests[{i}]")
+        row = checks.array(f"requests[{i}]", request, ndim=1, dtype_kind="iu")
+        ids = check_prompt(np.asarray(row)[None], config, name=f"requests[{i}]")
         out.append([int(x) for x in ids[0]])
     return out
 
@@ -186,3 +187,21 @@ def compiled_programs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
     return result, count
+
+
+def throughput_rows(runs: dict[str, Run], *, step_s: float, chip: str) -> list[dict[str, Any]]:
+    """One table row per run: its prefill and decode steps, the tokens a decode step made
+    for requests (measured), and the tokens per second per chip that would give at
+    ``step_s`` seconds per decode step (a roofline prediction for ``chip``; prefill time left
+    out)."""
+    step_s = checks.real("step_s", step_s, positive=True)
+    rows = []
+    for label, r in runs.items():
+        if not isinstance(r, Run):
+            raise checks.InputTypeError(f"runs[{label!r}] must be a Run from run(...).")
+        rows.append({"batching": label, "prefill steps": r.prefills,
+                     "decode steps": r.decode_steps,
+                     "tokens per decode step (measured)": f"{r.tokens_per_decode_step:.2f}",
+                     f"tokens/s per chip, {chip} (predicted)":
+                         f"{r.tokens_per_decode_step / step_s:,.0f}"})
+    return rows

@@ -175,8 +175,8 @@ def generate(params: Params, prompt: Any, *, config: Config, steps: int, strateg
 def _device_program(srv: Server, sampler: sampling.Sampler, steps: int, eos_id: int | None,
                     max_len: int, ragged: bool) -> Callable[..., tuple[jax.Array, jax.Array]]:
     """Prefill, then up to ``steps - 1`` decode steps in a ``jax.lax.while_loop`` whose carry
-    holds the cache (made inside, ``max_len`` positions): one compiled program. Returns the new tokens ``[batch, steps]`` and the
-    number of steps run (fewer when every row has stopped at ``eos_id``)."""
+    holds the cache (made inside, ``max_len`` positions): one compiled program. Returns the
+    new tokens ``[batch, steps]`` and the steps run (fewer once every row met ``eos_id``)."""
     constrain = srv.constrain()
     step = functools.partial(_step, constrain=constrain, sampler=sampler)
 
@@ -201,7 +201,8 @@ def _device_program(srv: Server, sampler: sampling.Sampler, steps: int, eos_id: 
             if eos_id is not None:
                 token = jnp.where(done, eos_id, token)
                 done = done | (token == eos_id)
-            return t + 1, jax.lax.dynamic_update_index_in_dim(out, token, t, 1), token, cache, done
+            out = jax.lax.dynamic_update_index_in_dim(out, token, t, 1)
+            return t + 1, out, token, cache, done
 
         t, out, *_ = jax.lax.while_loop(more, body, (jnp.int32(1), out, token, cache, done))
         return out, t
@@ -256,6 +257,12 @@ def dispatches(params: Params, prompt: Any, *, config: Config, steps: int,
     times each launches one of the model's compiled programs from Python for the whole
     generation (the cache's allocation and the tokens' transfers aside), and whether their
     tokens agree."""
+    allowed = {"strategy", "mesh", "temperature", "top_k", "top_p", "key", "eos_id",
+               "prompt_lengths", "pad_id"}
+    if set(options) - allowed:
+        raise checks.InputError(
+            f"unknown options {sorted(set(options) - allowed)}; dispatches takes generate's "
+            f"options: {', '.join(sorted(allowed))}.")
     LAUNCHES.clear()
     python = generate_with_logits(params, prompt, config=config, steps=steps, **options)[0]
     device = generate(params, prompt, config=config, steps=steps, **options)
@@ -380,6 +387,17 @@ def sharded_row(params: Params, prompt: Any, *, config: Config, steps: int, stra
     tokens and logits are compared with ``reference`` (one device's ``(tokens, logits)``
     from :func:`generate_with_logits`); the bytes each device holds and the collectives of
     one decode step."""
+    if strategy_of(strategy) is None:
+        raise checks.InputError("sharded_row needs a strategy (a name of SERVED) and a mesh.")
+    if not isinstance(reference, (tuple, list)) or len(reference) != 2:
+        raise checks.InputTypeError("reference must be one device's (tokens, logits) from "
+                                    "generate_with_logits.")
+    p = plan(params, prompt, config=config, steps=steps, strategy=strategy, mesh=mesh)
+    batch = len(p.lengths)
+    for name, theirs, shape in (("tokens", reference[0], (batch, p.out_width)),
+                                ("logits", reference[1], (batch, p.steps, config.vocab))):
+        checks.same_shape(f"reference's {name}", checks.array(f"reference's {name}", theirs),
+                          shape, other="this generation")
     tokens, logits = generate_with_logits(params, prompt, config=config, steps=steps,
                                           strategy=strategy, mesh=mesh)
     srv = server(config, strategy=strategy, mesh=mesh)
