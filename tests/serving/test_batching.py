@@ -134,10 +134,10 @@ def _decode_steps(new_tokens: list[int], slots: int, policy: str) -> int:
     step after; a slot is refilled at once (continuous) or when every slot is free (static)."""
     queue, left, steps = list(new_tokens), [0] * slots, 0
     while queue or any(left):
-        if queue and (policy == "continuous" or not any(left)):
-            for s in range(slots):
-                if not left[s] and queue:
-                    left[s] = queue.pop(0) - 1
+        free = [s for s in range(slots) if not left[s]]
+        if queue and free and (policy == "continuous" or len(free) == slots):
+            for s in free[:len(queue)]:
+                left[s] = queue.pop(0) - 1
             continue
         steps += 1
         left = [max(n - 1, 0) for n in left]
