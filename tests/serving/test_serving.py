@@ -37,6 +37,7 @@ def fixture():
 
 def test_face_exports_the_contract():
     assert face.generate is serving.generate and face.init_cache is serving.init_cache
+    assert face.serve is serving.serve
 
 
 def test_cached_decoding_equals_full_recomputation():
