@@ -42,9 +42,9 @@ def test_prefill_reads_the_same_bytes_for_a_prompt_of_tokens():
     assert prefill.new_tokens == P
     assert prefill.bytes_read - decode.bytes_read == 4 * (P - 1)  # tokens
     # The blocks' matmuls and attention over the whole (masked) cache at every prompt
-    # position; the head at every position or at the last only (the page says which).
+    # position; the output head at the last position only (review B2: serving's KeepLast).
     heads = costs.head_positions(prefill)
-    assert heads in (1, P) and costs.head_positions(decode) == 1
+    assert heads == 1 and costs.head_positions(decode) == 1
     blocks = MATMUL_PARAMS - D * V
     assert prefill.flops == pytest.approx(
         2 * blocks * P + 2 * D * V * heads + 4 * L * P * T * D, rel=0.01)

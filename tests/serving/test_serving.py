@@ -37,6 +37,7 @@ def fixture():
 
 def test_face_exports_the_contract():
     assert face.generate is serving.generate and face.init_cache is serving.init_cache
+    assert face.serve is serving.serve
 
 
 def test_cached_decoding_equals_full_recomputation():
@@ -138,7 +139,7 @@ def test_sharded_row_on_explicit_axes():
                               mesh=mesh, reference=(tokens, logits))
     assert row["same tokens"] is True and row["mesh"] == "model=8"
     assert row["collectives per decode step"] == f"2 all-gather, {2 * CONFIG.n_layers} all-reduce"
-    assert row["cache / device"] * 8 == 2 * CONFIG.n_layers * BATCH * (PROMPT_LEN + STEPS) \
+    assert row["cache / device"] * 8 == 2 * CONFIG.n_layers * BATCH * (PROMPT_LEN + STEPS - 1) \
         * CONFIG.d_model * 4
     assert row["sent per decode step"] > 0
 
@@ -218,11 +219,9 @@ def test_heads_first_cache_is_read_in_place():
     max_len, heads, head_dim] XLA:CPU transposes it at every step."""
     config = Config(vocab=16, d_model=64, n_heads=4, d_ff=64, n_layers=1, seq_len=512)
     srv = serving.server(config)
-    params = serving.abstract_params(config, srv)
-    tok = jax.ShapeDtypeStruct((4, 1), jnp.int32)
-    start = jax.ShapeDtypeStruct((), jnp.int32)
-    compiled = hlo.compile(srv.step, params, tok, start, srv.cache_shapes(4, 512))
+    compiled = hlo.compile(srv.step, *serving.step_args(srv, batch=4, length=1, max_len=512))
     assert not _big_copies(compiled, 512)
+    start = jax.ShapeDtypeStruct((), jnp.int32)
 
     def other_order(q, k, new_k, start):
         k = jax.lax.dynamic_update_slice(k, new_k, (0, start, 0, 0))
@@ -261,12 +260,13 @@ def _bad(**kw):
     ({"prompt": np.full((2, 3), 48, np.int32)}, checks.InputError, "[0, 48)"),
     ({"prompt": np.full((2, 3), -1, np.int32)}, checks.InputError, "[0, 48)"),
     ({"prompt": "hello"}, checks.InputTypeError, "array"),
-    ({"steps": 14}, checks.InputError, "config.seq_len=20"),
+    ({"steps": 15}, checks.InputError, "config.seq_len=20"),
+    ({"prompt": np.zeros((2, 21), np.int32)}, checks.InputError, "longer than"),
     ({"steps": 0}, checks.InputError, "steps must be at least 1"),
     ({"steps": 2.0}, checks.InputTypeError, "steps must be an integer"),
     ({"strategy": "zero"}, checks.InputError, "unknown strategy"),
     ({"strategy": "cp"}, checks.InputError, "single position"),
-    ({"strategy": "tp_sp"}, checks.InputError, "cannot serve"),
+    ({"strategy": "tp_sp"}, checks.InputError, "cannot run this decode step"),
     ({"mesh": "mesh"}, checks.InputError, "without a strategy"),
     ({"strategy": "dp", "mesh": "mesh"}, checks.InputTypeError, "jax.sharding.Mesh"),
     ({"config": {"vocab": 48}}, checks.InputTypeError, "Config"),
@@ -380,3 +380,213 @@ def test_cached_attention_and_abstract_params_refuse_bad_input(call, words):
 
 def test_cached_attention_takes_a_numpy_start():
     assert serving.cached_attention(_Q, _CACHE, _CACHE, start=np.int32(3)).shape == _Q.shape
+
+
+# --------------------------------------------------------------------------- the contract:
+# sampling, stop tokens, ragged prompts, the loop on the device
+
+SAMPLED = {"temperature": 0.9, "top_k": 12, "top_p": 0.9}
+LENGTHS = np.array([7, 3, 5, 1, 7, 2, 6, 4])
+
+
+def _options(seed: int = 0) -> dict:
+    return SAMPLED | {"key": jax.random.key(seed)}
+
+
+def test_same_key_same_tokens_on_one_device_and_sharded():
+    params, prompt, greedy, _ = fixture()
+    one = np.asarray(serving.generate(params, prompt, config=CONFIG, steps=STEPS, **_options()))
+    mesh = mesh_of(8, ("model",), explicit=True)
+    tp = serving.generate(params, prompt, config=CONFIG, steps=STEPS, strategy="tp", mesh=mesh,
+                          **_options())
+    np.testing.assert_array_equal(np.asarray(tp), one)
+    np.testing.assert_array_equal(one[:, :PROMPT_LEN], np.asarray(prompt))
+    assert (one != greedy).any()  # it sampled
+    other = serving.generate(params, prompt, config=CONFIG, steps=STEPS, **_options(1))
+    assert (np.asarray(other) != one).any()  # another key, other tokens
+
+
+def test_top_k_one_samples_the_greedy_tokens():
+    params, prompt, greedy, _ = fixture()
+    out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, temperature=2.0,
+                           top_k=1, key=jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(out), greedy)
+
+
+def _stopped(tokens: np.ndarray, start: int, eos: int) -> np.ndarray:
+    """``tokens`` with every new position after a row's first eos set to eos."""
+    out = tokens.copy()
+    for row in out:
+        hits = np.flatnonzero(row[start:] == eos)
+        if hits.size:
+            row[start + hits[0]:] = eos
+    return out
+
+
+def test_eos_stops_each_row_and_the_loop():
+    params, prompt, greedy, _ = fixture()
+    new = greedy[:, PROMPT_LEN:]
+    eos = int(new[0, 1])  # met by row 0 at its second new token
+    expected = _stopped(greedy, PROMPT_LEN, eos)
+    assert (expected != greedy).any()
+    out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(out), expected)
+    py, _ = serving.generate_with_logits(params, prompt, config=CONFIG, steps=STEPS, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(py), expected)
+    # One row whose first new token is eos: the loop stops after the prefill.
+    first = int(new[2, 0])
+    tokens, logits = serving.generate_with_logits(params, prompt[2:3], config=CONFIG,
+                                                  steps=STEPS, eos_id=first)
+    assert logits.shape[1] == 1 and (np.asarray(tokens)[0, PROMPT_LEN:] == first).all()
+
+
+def test_ragged_rows_equal_each_row_alone():
+    params, prompt, _, _ = fixture()
+    out = np.asarray(serving.generate(params, prompt, config=CONFIG, steps=4,
+                                      prompt_lengths=LENGTHS, pad_id=5))
+    assert out.shape == (BATCH, PROMPT_LEN + 4)
+    for i in (1, 3):  # lengths 3 and 1; test_sharded_contract sweeps every row
+        n = LENGTHS[i]
+        alone = np.asarray(serving.generate(params, prompt[i:i + 1, :n], config=CONFIG, steps=4))
+        np.testing.assert_array_equal(out[i, :n + 4], alone[0])
+        assert (out[i, n + 4:] == 5).all()
+
+
+def test_device_loop_equals_python_loop_with_one_dispatch():
+    params, prompt, _, _ = fixture()
+    counts = serving.dispatches(params, prompt, config=CONFIG, steps=STEPS)
+    assert counts == {"python loop": STEPS, "device loop": 1, "same tokens": True}
+    counts = serving.dispatches(params, prompt, config=CONFIG, steps=5, prompt_lengths=LENGTHS,
+                                eos_id=3, **_options(2))
+    assert counts["device loop"] == 1 and counts["same tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "n", "explicit"), [
+    (name, n, explicit) for name in serving.SERVED for n in (1, 2, 4, 8)
+    for explicit in (False, True)])
+def test_sharded_contract(name, n, explicit):
+    """Sampled, stopped and ragged at once, on every served strategy, 1 to 8 devices, Auto and
+    Explicit axes: the one-device tokens; and greedy ragged rows equal each row alone."""
+    params, prompt, greedy, _ = fixture()
+    strategy = serving.STRATEGIES[name]
+    mesh = mesh_of(n, strategy.axes, strategy.mesh_shape(n), explicit=explicit)
+    options = _options(4) | {"prompt_lengths": LENGTHS, "eos_id": int(greedy[0, PROMPT_LEN])}
+    one = serving.generate(params, prompt, config=CONFIG, steps=STEPS, **options)
+    out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, strategy=name,
+                           mesh=mesh, **options)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(one))
+    ragged = np.asarray(serving.generate(params, prompt, config=CONFIG, steps=3, strategy=name,
+                                         mesh=mesh, prompt_lengths=LENGTHS))
+    for i, length in enumerate(LENGTHS):
+        alone = serving.generate(params, prompt[i:i + 1, :length], config=CONFIG, steps=3)
+        np.testing.assert_array_equal(ragged[i, :length + 3], np.asarray(alone)[0])
+
+
+@pytest.mark.parametrize(("kw", "error", "words"), [
+    ({"temperature": -1.0}, checks.InputError, "temperature must be at least 0"),
+    ({"temperature": 1.0}, checks.InputError, "needs a random key"),
+    ({"temperature": 1.0, "key": "k"}, checks.InputTypeError, "random key"),
+    ({"top_k": 0}, checks.InputError, "top_k must be at least 1"),
+    ({"top_k": 49}, checks.InputError, "top_k must be at most 48"),
+    ({"top_p": 0.0}, checks.InputError, "(0, 1]"),
+    ({"top_p": 1.01}, checks.InputError, "top_p must be at most 1.0"),
+    ({"prompt_lengths": np.array([0] * 8)}, checks.InputError, "at least 1"),
+    ({"prompt_lengths": np.array([8] * 8)}, checks.InputError, "at most the prompt's 7"),
+    ({"prompt_lengths": np.array([3] * 7)}, checks.InputError, "prompt_lengths"),
+    ({"prompt_lengths": np.array([3.0] * 8)}, checks.InputTypeError, "integer dtype"),
+    ({"prompt_lengths": "3"}, checks.InputTypeError, "array"),
+    ({"eos_id": 48}, checks.InputError, "eos_id must be at most 47"),
+    ({"eos_id": -1}, checks.InputError, "eos_id must be at least 0"),
+    ({"eos_id": 1.0}, checks.InputTypeError, "eos_id must be an integer"),
+    ({"pad_id": 48}, checks.InputError, "pad_id must be at most 47"),
+    ({"pad_id": None}, checks.InputTypeError, "pad_id must be an integer"),
+])
+def test_bad_generation_options_are_refused(kw, error, words):
+    with pytest.raises(error) as info:
+        _bad(**kw)
+    assert words in str(info.value)
+
+
+def test_recompute_generate_makes_generates_checks():
+    params, prompt, _, _ = fixture()
+    other = Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=20)
+    with pytest.raises(checks.InputError, match="vocab"):
+        serving.recompute_generate(params, np.asarray(prompt) % 32, config=other, steps=2)
+    with pytest.raises(checks.InputError, match=r"\[0, 48\)"):
+        serving.recompute_generate(params, np.full((1, 3), 48), config=CONFIG, steps=2)
+    with pytest.raises(checks.InputTypeError, match="Config"):
+        serving.recompute_generate(params, prompt, config="C", steps=2)
+    with pytest.raises(checks.InputError, match="generate at most 14 steps"):
+        serving.recompute_generate(params, prompt, config=CONFIG, steps=15)
+
+
+def test_prompt_longer_than_the_positions_says_so():
+    params, _, _, _ = fixture()
+    with pytest.raises(checks.InputError, match="longer than the model's config.seq_len=20"):
+        serving.generate(params, np.zeros((1, 21), np.int32), config=CONFIG, steps=1)
+    # The last position the model has: prompt_len + steps - 1 = seq_len (review B10).
+    out = serving.generate(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=11)
+    assert out.shape == (1, 21)
+
+
+def test_decode_collectives_refuses_an_empty_cache_and_no_strategy():
+    with pytest.raises(checks.InputError, match="max_len must be at least 1"):
+        serving.decode_collectives(CONFIG, strategy="tp", n_devices=2, batch=8, max_len=0)
+    with pytest.raises(checks.InputError, match="needs a strategy"):
+        serving.decode_collectives(CONFIG, strategy=None, n_devices=2, batch=8)
+    with pytest.raises(checks.InputError, match="n_devices must be at most 8"):
+        serving.decode_collectives(CONFIG, strategy="tp", n_devices=9, batch=8)
+
+
+_C = Config(vocab=16, d_model=16, n_heads=2, d_ff=16, n_layers=1, seq_len=8)
+
+
+@functools.cache
+def _small():
+    return init_params(jax.random.key(0), _C)
+
+
+_PR = np.ones((2, 3), np.int32)
+
+
+@pytest.mark.parametrize(("call", "words"), [
+    (lambda: serving.init_cache("C", batch=1, max_len=2), "config must be a Config"),
+    (lambda: serving.init_cache(_C, batch=True, max_len=2), "batch must be an integer"),
+    (lambda: serving.init_cache(_C, batch=1, max_len=0), "max_len must be at least 1"),
+    (lambda: serving.cache_bytes("x"), "must be an array"),
+    (lambda: serving.cache_bytes([]), "at least one array"),
+    (lambda: serving.compiled_step(_C, batch=1, length=0, max_len=4), "length must be at least"),
+    (lambda: serving.compiled_step(_C, batch=1, length=5, max_len=4), "length must be at most"),
+    (lambda: serving.compiled_step({}, batch=1, length=1, max_len=4), "Config"),
+    (lambda: serving.donation_rows(_C, batch=1, max_len=9), "max_len must be at most 8"),
+    (lambda: serving.donation_rows(None, batch=1, max_len=2), "Config"),
+    (lambda: serving.sharded_row(_small(), _PR, config=_C, steps=2, strategy="tp",
+                                 mesh=serving.STRATEGIES["tp"].mesh(DEVICES[:2]),
+                                 reference=(np.zeros((1, 1)), np.zeros(3))), "reference's"),
+    (lambda: serving.sharded_row(_small(), _PR, config=_C, steps=2, strategy=None, mesh=None,
+                                 reference=(0, 0)), "needs a strategy"),
+    (lambda: serving.dispatches(_small(), _PR, config=_C, steps=2, temp=1), "unknown options"),
+    (lambda: serving.generate("p", _PR, config=_C, steps=2), "params"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=True), "steps must be an integer"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, key=1.5), "random key"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, prompt_lengths=[[1], [2]]),
+     "1 dimension"),
+    (lambda: serving.generate(_small(), _PR, config=_C, steps=2, strategy=3), "unknown strategy"),
+    (lambda: serving.server(3), "Config"),
+    (lambda: serving.serve(_small(), {"a": [1]}, config=_C, max_new_tokens=1, slots=1),
+     "list of prompts"),
+    (lambda: serving.serve(_small(), [[[1, 2]]], config=_C, max_new_tokens=1, slots=1),
+     "1 dimension"),
+    (lambda: serving.serve(_small(), [[True]], config=_C, max_new_tokens=1, slots=1), "integer"),
+    (lambda: serving.decode_collectives(_C, strategy="tp", n_devices=2, batch=0),
+     "batch must be at least 1"),
+    (lambda: serving.decode_collectives(_C, strategy="tp", n_devices=2, batch=2, max_len="4"),
+     "max_len must be an integer"),
+], ids=lambda x: "" if callable(x) else x)
+def test_the_boundary_refuses_each_class_of_bad_argument(call, words):
+    """Every public function, each kind of argument (config, sizes, pytrees, options, names):
+    a clear InputError naming it, before anything runs."""
+    with pytest.raises(checks.InputError) as info:
+        call()
+    assert words in str(info.value)

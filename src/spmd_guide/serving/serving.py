@@ -1,31 +1,23 @@
 """Generating text from the Part VIII transformer with a KV cache, on one device or many.
 
-Greedy generation asks the model for the most likely next token, appends it, and asks again.
-A causal model's keys and values at a position never change once computed, so they are kept
-in a *KV cache* (one ``[batch, heads, max_len, head_dim]`` array of keys and one of values
-per block) instead of being recomputed for every new token:
+The face of Part XI's code: every name the pages and tests use is importable from here.
 
-* **prefill** runs the whole prompt through the model once and writes its keys and values
-  into the cache;
-* **decode** then feeds one token at a time: its query attends to everything cached.
-
-Both are the same function, :func:`_step`, on different shapes. It is the model's own
-:func:`~spmd_guide.transformer.lm.forward` with its ``attend`` hook (the hook context
-parallelism used for ring attention) replaced by :class:`CacheWriter`, which writes the new
-keys and values into the cache and attends over it. Sharded, the cache takes the layout a
-Part VIII strategy gives the per-head activations: split over the batch (``dp``, ``fsdp``),
-over the heads (``tp``), or both (``fsdp_tp``).
-
-The cache keeps the heads before the positions so that attention's two matmuls read it in
-place, with ``batch`` and ``heads`` as their batch dimensions; stored in the activations'
-order ``[batch, max_len, heads, head_dim]``, XLA:CPU transposes the whole cache at every
-step (the tests pin both facts).
+* :func:`generate` (the book's contract): prefill, then decode in a loop that runs on the
+  device (``jax.lax.while_loop`` with the cache in its carry: one dispatch for the whole
+  generation), greedy or sampled (:mod:`~spmd_guide.serving.sampling`), stopping rows at
+  ``eos_id``, with prompts of different lengths in one batch;
+* :func:`generate_with_logits`: the same from a Python loop, one dispatch per token, and the
+  logits each token was chosen from; :func:`recompute_generate`, the reference without a cache;
+* the step itself, the cache and the layouts live in :mod:`~spmd_guide.serving.step`,
+  continuous batching (:func:`serve`) in :mod:`~spmd_guide.serving.batching`;
+* :func:`compiled_step`, :func:`decode_collectives`, :func:`donation_rows`,
+  :func:`sharded_row`: what the pages measure.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,378 +25,278 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.transformer.lm import (
-    Config,
-    Params,
-    check_config,
-    check_params,
-    forward,
-    param_shapes,
+from spmd_guide.serving import sampling
+from spmd_guide.serving.batching import serve
+from spmd_guide.serving.step import (
+    SERVED,
+    CacheWriter,
+    KeepLast,
+    Server,
+    _step,
+    cache_bytes,
+    cached_attention,
+    check_length,
+    check_max_len,
+    check_params_for,
+    check_prompt,
+    fast,
+    init_cache,
+    server,
+    strategy_of,
 )
-from spmd_guide.transformer.transformer import STRATEGIES, Strategy
+from spmd_guide.transformer.lm import Config, Params, check_config, forward, param_shapes
+from spmd_guide.transformer.transformer import STRATEGIES
 
-__all__ = ["SERVED", "CacheWriter", "Server", "abstract_params", "cache_bytes",
-           "cached_attention", "compiled_step", "decode_collectives", "donation_rows",
-           "generate", "generate_with_logits", "init_cache", "recompute_generate", "server"]
-
-Cache = list[dict[str, jax.Array]]
-
-#: The Part VIII strategies that can serve, and why the others cannot.
-SERVED = ("dp", "fsdp", "tp", "fsdp_tp")
-_NOT_SERVED = {name: "it splits the sequence, and a decode step has a single position"
-               for name in ("tp_sp", "cp", "cp_zigzag")}
-_NEG = -1e30  # the masked score of reference_attention: exp() of it is exactly 0
+__all__ = ["SERVED", "STRATEGIES", "CacheWriter", "Config", "KeepLast", "Server",
+           "abstract_params", "cache_bytes", "cached_attention", "check_length",
+           "check_prompt", "compiled_step", "decode_collectives", "dispatches", "LAUNCHES",
+           "donation_rows", "generate", "generate_with_logits", "init_cache", "plan",
+           "recompute_generate", "serve", "server", "sharded_row", "step_args"]
 
 
-# --------------------------------------------------------------------------- attention
+# --------------------------------------------------------------------------- the checks
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, start: jax.Array
-                     ) -> jax.Array:
-    """Causal attention of ``s`` new queries ``[batch, s, heads, head_dim]`` at positions
-    ``start .. start + s - 1`` over a cache of keys and values ``[batch, heads, max_len,
-    head_dim]``. A query sees the keys at its own position and before; later slots (not
-    yet written) are masked. ``start`` may be traced; a concrete one must leave room for the
-    ``s`` queries in the cache."""
-    q = checks.array("q", q, ndim=4, dtype_kind="f")
-    k = checks.array("k", k, ndim=4, dtype_kind="f")
-    v = checks.array("v", v, ndim=4, dtype_kind="f")
-    b, s, heads, dim = q.shape
-    if k.shape[0] != b or k.shape[1] != heads or k.shape[3] != dim or v.shape != k.shape:
-        raise checks.InputError(
-            f"k and v must be caches [batch, heads, max_len, head_dim] = [{b}, {heads}, max_len, "
-            f"{dim}] for q of shape {tuple(q.shape)} [batch, s, heads, head_dim], got k "
-            f"{tuple(k.shape)} and v {tuple(v.shape)}.")
-    max_len = k.shape[2]
-    if not checks.is_traced(start):
-        if isinstance(start, jax.Array) and start.shape == ():
-            start = np.asarray(start)  # a concrete JAX scalar: checked as a NumPy one
-        start = checks.count("start", start, minimum=0, maximum=max_len - s)
-    scores = jnp.einsum("bqhd,bhkd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    q_pos = start + jnp.arange(s)
-    scores = jnp.where(jnp.arange(max_len)[None, :] <= q_pos[:, None], scores, _NEG)
-    return jnp.einsum("bhqk,bhkd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+def _lengths(prompt_lengths: Any, prompt: np.ndarray) -> np.ndarray:
+    batch, width = prompt.shape
+    if prompt_lengths is None:
+        return np.full((batch,), width, np.int32)
+    lengths = checks.array("prompt_lengths", prompt_lengths, ndim=1, dtype_kind="iu")
+    checks.same_shape("prompt_lengths", lengths, (batch,), other="one per prompt row")
+    values = np.asarray(jax.device_get(lengths))
+    for i, n in enumerate(values):
+        if not 1 <= n <= width:
+            raise checks.InputError(
+                f"prompt_lengths[{i}] is {n}: a prompt length must be at least 1 and at most "
+                f"the prompt's {width} columns.")
+    return values.astype(np.int32)
 
 
-class CacheWriter:
-    """The model's ``attend(q, k, v)`` hook for generation. Block ``i``'s call writes that
-    block's new keys and values into ``cache[i]`` at ``start`` and attends over the cache;
-    after the forward pass, ``.cache`` holds the updated cache. A new writer is made for each
-    traced step, so it holds no state between calls. ``place`` pins the cache's layout."""
-
-    def __init__(self, cache: Cache, start: jax.Array,
-                 place: Callable[[jax.Array], jax.Array]) -> None:
-        self.old, self.start, self.place = cache, start, place
-        self.cache: Cache = []
-
-    def __call__(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        layer = self.old[len(self.cache)]
-        at = (0, 0, self.start, 0)
-        k_all, v_all = (self.place(jax.lax.dynamic_update_slice(
-            layer[name], new.transpose(0, 2, 1, 3).astype(layer[name].dtype), at))
-            for name, new in (("k", k), ("v", v)))
-        self.cache.append({"k": k_all, "v": v_all})
-        return cached_attention(q, k_all, v_all, start=self.start)
-
-
-def _step(params: Params, tokens: jax.Array, start: jax.Array, cache: Cache, *,
-          constrain: Callable[[jax.Array, str], jax.Array]
-          ) -> tuple[jax.Array, jax.Array, Cache]:
-    """Feed ``tokens`` (``[batch, s]``, at positions ``start ..``) through the model with the
-    cache: the greedy next token ``[batch]``, its logits ``[batch, vocab]``, the new cache.
-    Prefill is this on the prompt (``start = 0``), decode on one token."""
-    writer = CacheWriter(cache, start, lambda x: constrain(x, "cache"))
-    positions = start + jnp.arange(tokens.shape[1])
-    logits = forward(params, tokens, positions=positions, constrain=constrain,
-                     attend=writer)[:, -1]
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), logits, writer.cache
-
-
-# --------------------------------------------------------------------------- layouts
-
-
-def _no_constraint(x: jax.Array, kind: str) -> jax.Array:
-    return x  # one device: nothing to pin
-
-
-def _strategy(strategy: Any) -> Strategy | None:
-    if strategy is None:
-        return None
-    if isinstance(strategy, Strategy):
-        strategy = strategy.name
-    if strategy in _NOT_SERVED:
-        raise checks.InputError(
-            f"strategy {strategy!r} cannot serve: {_NOT_SERVED[strategy]}; choose one of "
-            f"{', '.join(map(repr, SERVED))}.")
-    return STRATEGIES[checks.one_of("strategy", strategy, SERVED)]
-
-
-def _auto(mesh: Mesh) -> Mesh:
-    """``mesh`` with Auto axes (itself if they are). The model pins its layouts with
-    sharding constraints, which only Auto axes accept; the devices and names stay."""
-    if all(t == AxisType.Auto for t in mesh.axis_types):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
+def _token_id(name: str, value: Any, vocab: int) -> int:
+    return checks.count(name, value, minimum=0, maximum=vocab - 1)
 
 
 @dataclass(frozen=True)
-class Server:
-    """One way of serving a config: the strategy (``None`` for one device), its mesh (Auto
-    axes), the layouts, and the compiled step (:func:`_step`, cache donated)."""
+class Plan:
+    """A checked generation: the server, placed parameters, the prompt trimmed to its longest
+    row (``width`` columns), each row's length, the cache length, the sampler and its key."""
 
-    config: Config
-    strategy: Strategy | None
-    mesh: Mesh | None
-    step: Any
+    srv: Server
+    params: Params
+    prompt: np.ndarray
+    lengths: np.ndarray
+    steps: int
+    max_len: int
+    sampler: sampling.Sampler
+    key: jax.Array
+    eos_id: int | None
+    pad_id: int
+    out_width: int
 
-    def spec(self, kind: str) -> P:
-        """The layout of ``"cache"`` (each ``[batch, heads, max_len, head_dim]`` array),
-        ``"tokens"`` (``[batch, s]``) or ``"next"`` (the last position's logits, ``[batch,
-        vocab]``), or of an activation (``"residual"``, ``"heads"``, ...)."""
-        if self.strategy is None:
-            return P()
-        return _specs(self.strategy)[kind]
+    @property
+    def ragged(self) -> bool:
+        return bool(np.any(self.lengths != self.lengths[0]))
 
-    def sharding(self, kind: str) -> Any:
-        if self.mesh is None:
-            return jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        return NamedSharding(self.mesh, self.spec(kind))
+    @property
+    def last(self) -> np.ndarray | None:
+        """Where each row's prompt ends (``None``: all at the last column)."""
+        return self.lengths - 1 if self.ragged else None
 
-    def check_batch(self, batch: int) -> int:
-        """``batch`` if the mesh can split it as the cache's layout asks."""
-        batch = checks.count("batch", batch)
-        if self.mesh is not None:
-            checks.spec_fits("the batch", (batch,), P(self.spec("cache")[0]), self.mesh)
-        return batch
+    def starts(self, t: Any) -> Any:
+        """Where step ``t``'s token goes: one position per row if the prompts differ in
+        length, else one position for all (a cheaper write, see :func:`step._write`)."""
+        return self.lengths + t - 1 if self.ragged else self.lengths[0] + t - 1
 
-    def place_params(self, params: Params) -> Params:
-        """``params`` laid out as the strategy lays out parameters. A leaf laid out otherwise
-        is placed from the host, as a checkpoint is loaded (resharding it on the devices
-        would compile a program per leaf shape). Refuses parameters of another shape than
-        ``config``'s."""
-        _check_params(params, self.config)
-        targets = (jax.tree.map(lambda _: self.sharding("tokens"), params) if self.mesh is None
-                   else self.strategy.shardings(params, self.mesh))
-
-        def place(leaf: Any, target: Any) -> jax.Array:
-            if isinstance(leaf, jax.Array) and leaf.sharding == target:
-                return leaf
-            return jax.device_put(np.asarray(leaf), target)
-
-        return jax.tree.map(place, params, targets)
-
-    def place_tokens(self, tokens: jax.Array) -> jax.Array:
-        return jax.device_put(tokens, self.sharding("tokens"))
-
-    def feed(self, params: Params, tokens: jax.Array, start: int, cache: Cache
-             ) -> tuple[jax.Array, jax.Array, Cache]:
-        """One compiled step (prefill or decode) on placed arrays: ``tokens`` ``[batch, s]``
-        at positions ``start .. start + s - 1``. Refuses positions past the cache's end (the
-        step would write nowhere and attend to the wrong keys). The cache is donated: use the
-        returned one."""
-        max_len = cache[0]["k"].shape[2]
-        start = checks.count("start", start, minimum=0)
-        if start + tokens.shape[1] > max_len:
-            raise checks.InputError(
-                f"tokens at positions {start}..{start + tokens.shape[1] - 1} do not fit a "
-                f"cache of max_len={max_len}; make the cache with a larger max_len.")
-        return self.step(params, tokens, np.int32(start), cache)
-
-    def cache_shapes(self, batch: int, max_len: int) -> Cache:
-        """The cache as ``jax.ShapeDtypeStruct``s with their shardings: nothing allocated."""
-        c = self.config
-        one = jax.ShapeDtypeStruct((batch, c.n_heads, max_len, c.head_dim),
-                                   jnp.dtype(c.dtype), sharding=self.sharding("cache"))
-        return [{"k": one, "v": one} for _ in range(c.n_layers)]
+    def assemble(self, new: np.ndarray) -> jax.Array:
+        """Output rows: each prompt, its ``steps`` new tokens, then ``pad_id``."""
+        out = np.full((len(self.lengths), self.out_width), self.pad_id, np.int32)
+        for i, n in enumerate(self.lengths):
+            out[i, :n] = self.prompt[i, :n]
+            out[i, n:n + self.steps] = new[i]
+        return jnp.asarray(out)
 
 
-def _check_params(params: Params, config: Config) -> None:
-    """``params`` must be the pytree ``init_params(key, config)`` makes (the model's check)."""
-    checks.array_tree("params", params)
-    check_params(params, config)
-
-
-def _fast() -> dict[str, Any] | None:
-    """XLA:CPU compiles twice as fast without LLVM's code optimization (same program,
-    :data:`spmd_guide.core.hlo.FAST_COMPILE`); on an accelerator, compile in full."""
-    return hlo.FAST_COMPILE if jax.default_backend() == "cpu" else None
-
-
-def _specs(strategy: Strategy) -> dict[str, P]:
-    """The strategy's activation layouts, plus the cache's (the per-head activations' batch
-    and heads entries) and the last position's logits."""
-    acts = strategy.activation_specs()
-    heads, logits = acts["heads"], acts["logits"]
-    return acts | {"cache": P(heads[0], heads[2], None, None),
-                   "tokens": strategy.token_spec(), "next": P(logits[0], logits[2])}
-
-
-@functools.cache
-def _server(config: Config, name: str | None, mesh: Mesh | None) -> Server:
-    strategy = None if name is None else STRATEGIES[name]
-    if strategy is None:
-        return Server(config, None, None, jax.jit(functools.partial(
-            _step, constrain=_no_constraint), donate_argnums=3, compiler_options=_fast()))
-    acts = {k: NamedSharding(mesh, s) for k, s in _specs(strategy).items()}
-
-    def constrain(x: jax.Array, kind: str) -> jax.Array:
-        return jax.lax.with_sharding_constraint(x, acts[kind])
-
-    plain = Server(config, strategy, mesh, None)
-    cache = [{"k": plain.sharding("cache"), "v": plain.sharding("cache")}] * config.n_layers
-    step = jax.jit(functools.partial(_step, constrain=constrain), donate_argnums=3,
-                   out_shardings=(NamedSharding(mesh, P(plain.spec("cache")[0])),
-                                  plain.sharding("next"), cache),
-                   compiler_options=_fast())
-    return Server(config, strategy, mesh, step)
-
-
-def server(config: Config, *, strategy: Any = None, mesh: Mesh | None = None) -> Server:
-    """The :class:`Server` for ``config`` served by ``strategy`` (a name of :data:`SERVED`,
-    or ``None`` for one device) on ``mesh`` (default: the strategy's mesh over every
-    device). A mesh of Explicit axes is used as its Auto twin: same devices, same names.
-    Refuses a strategy it cannot serve and sizes the mesh cannot split."""
-    if not isinstance(config, Config):
-        raise checks.InputTypeError(f"config must be a Config, got {type(config).__name__}.")
-    chosen = _strategy(strategy)
-    if chosen is None:
-        if mesh is not None:
-            raise checks.InputError(
-                "a mesh was given without a strategy; pass strategy= (one of "
-                f"{', '.join(map(repr, SERVED))}) to serve on it, or no mesh for one device.")
-        return _server(config, None, None)
-    mesh = chosen.mesh() if mesh is None else _auto(checks.mesh("mesh", mesh))
-    chosen.check(config, mesh)
-    return _server(config, chosen.name, mesh)
-
-
-# --------------------------------------------------------------------------- the cache
-
-
-def _check_max_len(config: Config, max_len: Any) -> int:
-    return checks.count("max_len", max_len, maximum=config.seq_len)
-
-
-def init_cache(config: Config, *, batch: int, max_len: int, strategy: Any = None,
-               mesh: Mesh | None = None) -> Cache:
-    """The empty cache: per block, zero keys ``"k"`` and values ``"v"`` of shape ``[batch,
-    n_heads, max_len, head_dim]`` in ``config.dtype``, laid out as ``strategy`` serves them
-    on ``mesh`` (one device if no strategy). ``max_len`` is at most ``config.seq_len``, the
-    positions the model has embeddings for."""
+def plan(params: Params, prompt: Any, *, config: Config, steps: int, strategy: Any = None,
+         mesh: Mesh | None = None, temperature: Any = 0.0, top_k: Any = None,
+         top_p: Any = None, key: Any = None, eos_id: Any = None, prompt_lengths: Any = None,
+         pad_id: Any = 0) -> Plan:
+    """Every check :func:`generate` makes, before anything runs."""
     srv = server(config, strategy=strategy, mesh=mesh)
-    batch = srv.check_batch(batch)
-    shapes = srv.cache_shapes(batch, _check_max_len(config, max_len))
-    return _zeros(tuple((s.shape, s.dtype, s.sharding) for s in jax.tree.leaves(shapes)),
-                  config.n_layers)
-
-
-def _zeros(leaves: tuple[Any, ...], n_layers: int) -> Cache:
-    arrays = [jnp.zeros(shape, dtype, device=sharding) for shape, dtype, sharding in leaves]
-    return [{"k": arrays[2 * i], "v": arrays[2 * i + 1]} for i in range(n_layers)]
-
-
-def cache_bytes(cache: Cache) -> dict[str, int]:
-    """Bytes of ``cache``: ``"total"`` (every array whole) and ``"per device"`` (the largest
-    amount any one device holds)."""
-    leaves = checks.array_tree("cache", cache)
-    held: dict[Any, int] = {}
-    for leaf in leaves:
-        for shard in leaf.addressable_shards:
-            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
-    return {"total": sum(x.nbytes for x in leaves), "per device": max(held.values())}
+    prompt = check_prompt(prompt, config)
+    steps = checks.count("steps", steps)
+    lengths = _lengths(prompt_lengths, prompt)
+    chosen = sampling.sampler(temperature=temperature, top_k=top_k, top_p=top_p, key=key,
+                              vocab=config.vocab)
+    key = checks.key("key", key) if key is not None else jax.random.key(0)
+    eos_id = None if eos_id is None else _token_id("eos_id", eos_id, config.vocab)
+    pad_id = _token_id("pad_id", pad_id, config.vocab)
+    width = int(lengths.max())
+    max_len = check_length(config, width, steps)
+    srv.check_batch(prompt.shape[0])
+    return Plan(srv, srv.place_params(params), prompt[:, :width], lengths, steps, max_len,
+                chosen, srv.place_key(key), eos_id, pad_id, prompt.shape[1] + steps)
 
 
 # --------------------------------------------------------------------------- generation
 
 
-def check_prompt(prompt: Any, config: Config) -> np.ndarray | jax.Array:
-    """Int tokens ``[batch, prompt_len]`` with ids in ``[0, vocab)``, or a clear error."""
-    prompt = checks.array("prompt", prompt, ndim=2, dtype_kind="iu")
-    if 0 in prompt.shape:
-        raise checks.InputError(f"prompt must hold at least one token per row, got shape "
-                                f"{tuple(prompt.shape)}.")
-    values = np.asarray(jax.device_get(prompt))
-    if values.min() < 0 or values.max() >= config.vocab:
-        raise checks.InputError(
-            f"prompt token ids must be in [0, vocab) = [0, {config.vocab}), got ids from "
-            f"{values.min()} to {values.max()}.")
-    return prompt
+def generate(params: Params, prompt: Any, *, config: Config, steps: int, strategy: Any = None,
+             mesh: Mesh | None = None, temperature: Any = 0.0, top_k: Any = None,
+             top_p: Any = None, key: Any = None, eos_id: Any = None,
+             prompt_lengths: Any = None, pad_id: Any = 0) -> jax.Array:
+    """``steps`` new tokens after ``prompt`` (int ``[batch, prompt_len]``) with a KV cache:
+    ``[batch, prompt_len + steps]`` int32.
+
+    * ``temperature`` 0 is greedy; above 0 it samples (``key`` needed) from the softmax of
+      ``logits / temperature`` cut to the ``top_k`` likeliest tokens and/or the smallest set
+      reaching probability ``top_p``. The same key gives the same tokens on one device and
+      under every served ``strategy`` (a name of :data:`SERVED`) on ``mesh``.
+    * ``eos_id``: every position after a row's first new ``eos_id`` is ``eos_id``; the loop
+      stops once every row has one.
+    * ``prompt_lengths`` (int ``[batch]``): row ``i``'s prompt is ``prompt[i, :n_i]``; its
+      output row is that prompt, its ``steps`` new tokens, then ``pad_id``.
+
+    The loop runs on the device: prefill and every decode step are one program
+    (:func:`_device_program`), dispatched once."""
+    p = plan(params, prompt, config=config, steps=steps, strategy=strategy, mesh=mesh,
+             temperature=temperature, top_k=top_k, top_p=top_p, key=key, eos_id=eos_id,
+             prompt_lengths=prompt_lengths, pad_id=pad_id)
+    program = _device_program(p.srv, p.sampler, p.steps, p.eos_id, p.max_len, p.ragged)
+    LAUNCHES["device loop"] += 1
+    new, _ = program(p.params, p.srv.place_tokens(np.asarray(p.prompt, np.int32)),
+                     p.lengths, p.key)  # lengths: unused, so not passed, when not ragged
+    return p.assemble(np.asarray(new))
 
 
-def _check_length(config: Config, prompt_len: int, steps: int) -> int:
-    total = prompt_len + steps
-    if total > config.seq_len:
-        raise checks.InputError(
-            f"a prompt of {prompt_len} tokens plus steps={steps} is {total} positions, more "
-            f"than the model's config.seq_len={config.seq_len} position embeddings; "
-            f"generate at most {config.seq_len - prompt_len} steps.")
-    return total
+@functools.cache
+def _device_program(srv: Server, sampler: sampling.Sampler, steps: int, eos_id: int | None,
+                    max_len: int, ragged: bool) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """Prefill, then up to ``steps - 1`` decode steps in a ``jax.lax.while_loop`` whose carry
+    holds the cache (made inside, ``max_len`` positions): one compiled program. Returns the
+    new tokens ``[batch, steps]`` and the steps run (fewer once every row met ``eos_id``)."""
+    constrain = srv.constrain()
+    step = functools.partial(_step, constrain=constrain, sampler=sampler)
 
+    def run(params: Params, prompt: jax.Array, lengths: jax.Array, key: jax.Array
+            ) -> tuple[jax.Array, jax.Array]:
+        batch = prompt.shape[0]
+        cache = [{name: constrain(jnp.zeros(s.shape, s.dtype), "cache") for name, s in
+                  layer.items()} for layer in srv.cache_shapes(batch, max_len)]
+        token, _, cache = step(params, prompt, jnp.int32(0), cache,
+                               lengths - 1 if ragged else None, (key, 0))
+        out = jnp.full((batch, steps), 0 if eos_id is None else eos_id, jnp.int32)
+        out = out.at[:, 0].set(token)
+        done = jnp.zeros((batch,), bool) if eos_id is None else token == eos_id
 
-def generate(params: Params, prompt: Any, *, config: Config, steps: int,
-             strategy: Any = None, mesh: Mesh | None = None) -> jax.Array:
-    """Greedy decoding of ``steps`` new tokens after ``prompt`` (int ``[batch, prompt_len]``)
-    with a KV cache: ``[batch, prompt_len + steps]`` int32. With ``strategy`` (a name of
-    :data:`SERVED`) and ``mesh`` it runs sharded and returns the same tokens."""
-    return generate_with_logits(params, prompt, config=config, steps=steps, strategy=strategy,
-                                mesh=mesh)[0]
+        def more(carry: tuple[Any, ...]) -> jax.Array:
+            return (carry[0] < steps) & ~jnp.all(carry[-1])
+
+        def body(carry: tuple[Any, ...]) -> tuple[Any, ...]:
+            t, out, token, cache, done = carry
+            start = lengths + t - 1 if ragged else lengths[0] + t - 1
+            token, _, cache = step(params, token[:, None], start, cache, None, (key, t))
+            if eos_id is not None:
+                token = jnp.where(done, eos_id, token)
+                done = done | (token == eos_id)
+            out = jax.lax.dynamic_update_index_in_dim(out, token, t, 1)
+            return t + 1, out, token, cache, done
+
+        t, out, *_ = jax.lax.while_loop(more, body, (jnp.int32(1), out, token, cache, done))
+        return out, t
+
+    return jax.jit(run, compiler_options=fast())
 
 
 def generate_with_logits(params: Params, prompt: Any, *, config: Config, steps: int,
-                         strategy: Any = None, mesh: Mesh | None = None
-                         ) -> tuple[jax.Array, jax.Array]:
-    """:func:`generate`, and the logits each new token was chosen from, ``[batch, steps,
-    vocab]``: one prefill, then ``steps - 1`` decode steps, each donating the cache."""
-    srv = server(config, strategy=strategy, mesh=mesh)
-    prompt = check_prompt(prompt, config)
-    steps = checks.count("steps", steps)
-    batch, prompt_len = srv.check_batch(prompt.shape[0]), prompt.shape[1]
-    total = _check_length(config, prompt_len, steps)
-    params = srv.place_params(params)
-    prompt = srv.place_tokens(jnp.asarray(prompt, jnp.int32))
-    cache = init_cache(config, batch=batch, max_len=total, strategy=srv.strategy,
+                         strategy: Any = None, mesh: Mesh | None = None,
+                         temperature: Any = 0.0, top_k: Any = None, top_p: Any = None,
+                         key: Any = None, eos_id: Any = None, prompt_lengths: Any = None,
+                         pad_id: Any = 0) -> tuple[jax.Array, jax.Array]:
+    """:func:`generate` from a Python loop (one prefill, then a dispatch per decode step,
+    each donating the cache), and the logits each new token was chosen from, ``[batch,
+    steps_run, vocab]`` (``steps_run`` < ``steps`` when every row stopped at ``eos_id``)."""
+    p = plan(params, prompt, config=config, steps=steps, strategy=strategy, mesh=mesh,
+             temperature=temperature, top_k=top_k, top_p=top_p, key=key, eos_id=eos_id,
+             prompt_lengths=prompt_lengths, pad_id=pad_id)
+    srv, batch = p.srv, len(p.lengths)
+    cache = init_cache(srv.config, batch=batch, max_len=p.max_len, strategy=srv.strategy,
                        mesh=srv.mesh)
-    token, logits, cache = srv.feed(params, prompt, 0, cache)
-    tokens, all_logits = [token], [logits]
-    for position in range(prompt_len, total - 1):
-        token, logits, cache = srv.feed(params, token[:, None], position, cache)
+    step = srv.stepper(p.sampler)
+    LAUNCHES["python loop"] += 1
+    token, logits, cache = step(p.params, srv.place_tokens(np.asarray(p.prompt, np.int32)),
+                                np.int32(0), cache, p.last, (p.key, np.int32(0)))
+    tokens, all_logits = [np.asarray(token)], [logits]
+    done = tokens[0] == p.eos_id
+    for t in range(1, p.steps):
+        if p.eos_id is not None and done.all():
+            break
+        LAUNCHES["python loop"] += 1
+        token, logits, cache = step(p.params, srv.place_tokens(tokens[-1][:, None]),
+                                    p.starts(t), cache, None, (p.key, np.int32(t)))
+        token = np.asarray(token)
+        if p.eos_id is not None:
+            token = np.where(done, p.eos_id, token)
+            done |= token == p.eos_id
         tokens.append(token)
         all_logits.append(logits)
-    # Assembled on the host: a few bytes per token, and no program to compile per layout.
-    new = np.stack([np.asarray(t) for t in tokens], axis=1)
-    return (jnp.asarray(np.concatenate([np.asarray(prompt), new], axis=1)),
-            jnp.asarray(np.stack([np.asarray(x) for x in all_logits], axis=1)))
+    new = np.full((batch, p.steps), 0 if p.eos_id is None else p.eos_id, np.int32)
+    new[:, :len(tokens)] = np.stack(tokens, axis=1)
+    return p.assemble(new), jnp.asarray(np.stack([np.asarray(x) for x in all_logits], axis=1))
+
+
+#: Launches of the model's compiled programs from Python, by loop (see :func:`dispatches`).
+LAUNCHES: Counter[str] = Counter()
+
+
+def dispatches(params: Params, prompt: Any, *, config: Config, steps: int,
+               **options: Any) -> dict[str, Any]:
+    """Both loops on the same input (``options`` as :func:`generate` takes them): how many
+    times each launches one of the model's compiled programs from Python for the whole
+    generation (the cache's allocation and the tokens' transfers aside), and whether their
+    tokens agree."""
+    allowed = {"strategy", "mesh", "temperature", "top_k", "top_p", "key", "eos_id",
+               "prompt_lengths", "pad_id"}
+    if set(options) - allowed:
+        raise checks.InputError(
+            f"unknown options {sorted(set(options) - allowed)}; dispatches takes generate's "
+            f"options: {', '.join(sorted(allowed))}.")
+    LAUNCHES.clear()
+    python = generate_with_logits(params, prompt, config=config, steps=steps, **options)[0]
+    device = generate(params, prompt, config=config, steps=steps, **options)
+    return {"python loop": LAUNCHES["python loop"], "device loop": LAUNCHES["device loop"],
+            "same tokens": bool(np.array_equal(np.asarray(python), np.asarray(device)))}
 
 
 @functools.cache
 def _recompute_step() -> Callable[..., tuple[jax.Array, jax.Array]]:
-    """One step of the reference: the whole buffer through the model, the logits of the
-    position before ``position``, and the buffer with their argmax written at ``position``.
+    """One step of the reference: the buffer through the model, the logits of the position
+    before ``position``, and the buffer with their argmax written at ``position``.
     ``position`` is traced, so every step runs the same compiled program."""
     def step(params: Params, tokens: jax.Array, position: jax.Array
              ) -> tuple[jax.Array, jax.Array]:
-        logits = jax.lax.dynamic_index_in_dim(forward(params, tokens), position - 1, axis=1,
-                                              keepdims=False)
+        logits = jax.lax.dynamic_index_in_dim(forward(params, tokens[:, :-1]), position - 1,
+                                              axis=1, keepdims=False)
         new = jnp.argmax(logits, axis=-1).astype(jnp.int32)[:, None]
         return logits, jax.lax.dynamic_update_slice_in_dim(tokens, new, position, axis=1)
-    return jax.jit(step, compiler_options=_fast())
+    return jax.jit(step, compiler_options=fast())
 
 
 def recompute_generate(params: Params, prompt: Any, *, config: Config, steps: int
                        ) -> tuple[jax.Array, jax.Array]:
-    """The reference without a cache, on one device: for each new token, run the model on
-    the whole sequence so far and take the last position's argmax. (One compiled program on
-    a ``[batch, prompt_len + steps]`` buffer: by causality the logits at a position do not
-    depend on the unfilled slots after it.) Returns tokens and logits as
-    :func:`generate_with_logits` does."""
+    """The greedy reference without a cache, on one device: for each new token, run the
+    model on the whole sequence so far and take the last position's argmax. (One compiled
+    program on a ``[batch, prompt_len + steps - 1]`` buffer: by causality the logits at a
+    position do not depend on the unfilled slots after it.) Returns tokens and logits as
+    :func:`generate_with_logits` does. Makes the checks :func:`generate` makes."""
     prompt = check_prompt(prompt, config)
+    check_config(config)
+    check_params_for(params, config)
     steps = checks.count("steps", steps)
     batch, prompt_len = prompt.shape
-    total = _check_length(config, prompt_len, steps)
+    total = check_length(config, prompt_len, steps) + 1
     tokens = jnp.zeros((batch, total), jnp.int32).at[:, :prompt_len].set(prompt)
     all_logits = []
     for position in range(prompt_len, total):
@@ -433,28 +325,41 @@ def abstract_params(config: Config, srv: Server) -> Params:
                         shapes, shardings)
 
 
+def step_args(srv: Server, *, batch: int, length: int, max_len: int) -> tuple[Any, ...]:
+    """Abstract arguments of ``srv``'s step: ``batch`` rows of ``length`` tokens, all at one
+    position, into a cache of ``max_len`` positions."""
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    return (abstract_params(srv.config, srv),
+            jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=srv.sharding("tokens")),
+            scalar, srv.cache_shapes(batch, max_len), None, (jax.ShapeDtypeStruct((), jax.random.key(0).dtype), scalar))
+
+
 def compiled_step(config: Config, *, batch: int, length: int, max_len: int,
                   strategy: Any = None, mesh: Mesh | None = None) -> jax.stages.Compiled:
-    """The serving step compiled for ``batch`` sequences feeding ``length`` tokens each (the
-    prompt for prefill, 1 for decode) into a cache of ``max_len`` positions, laid out as
-    ``strategy`` serves them on ``mesh``. Compiled for abstract arrays: nothing runs."""
+    """The greedy serving step compiled for ``batch`` sequences feeding ``length`` tokens
+    each (the prompt for prefill, 1 for decode) into a cache of ``max_len`` positions, laid
+    out as ``strategy`` serves them on ``mesh``. Compiled for abstract arrays: nothing runs."""
     srv = server(config, strategy=strategy, mesh=mesh)
     batch = srv.check_batch(batch)
-    max_len = _check_max_len(config, max_len)
+    max_len = check_max_len(config, max_len)
     length = checks.count("length", length, maximum=max_len)
-    tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=srv.sharding("tokens"))
-    return hlo.compile(srv.step, abstract_params(config, srv), tokens,
-                       jax.ShapeDtypeStruct((), jnp.int32), srv.cache_shapes(batch, max_len),
-                       compiler_options=_fast())
+    return hlo.compile(srv.step, *step_args(srv, batch=batch, length=length, max_len=max_len),
+                       compiler_options=fast())
 
 
 def decode_collectives(config: Config, *, strategy: str, n_devices: int, batch: int,
                        max_len: int | None = None) -> dict[str, int]:
     """The collectives of one decode step of ``strategy`` on the first ``n_devices`` devices
-    (kind -> count, kinds that occur only)."""
-    mesh = _strategy(strategy).mesh(jax.devices()[:checks.count("n_devices", n_devices)])
-    compiled = compiled_step(config, batch=batch, length=1, max_len=max_len or config.seq_len,
-                             strategy=strategy, mesh=mesh)
+    (kind -> count, kinds that occur only), with a cache of ``max_len`` positions (default
+    ``config.seq_len``)."""
+    chosen = strategy_of(strategy)
+    if chosen is None:
+        raise checks.InputError("decode_collectives needs a strategy (one device has none).")
+    n = checks.count("n_devices", n_devices, maximum=len(jax.devices()))
+    config = check_config(config)
+    max_len = config.seq_len if max_len is None else max_len
+    compiled = compiled_step(config, batch=batch, length=1, max_len=max_len,
+                             strategy=strategy, mesh=chosen.mesh(jax.devices()[:n]))
     return {k: n for k, n in hlo.count_kinds(hlo.collectives_in_text(compiled.as_text())).items()
             if n}
 
@@ -465,13 +370,11 @@ def donation_rows(config: Config, *, batch: int, max_len: int) -> list[dict[str,
     donated arguments (written in place), temporaries."""
     srv = server(config)
     batch = srv.check_batch(batch)
-    args = (abstract_params(config, srv), jax.ShapeDtypeStruct((batch, 1), jnp.int32),
-            jax.ShapeDtypeStruct((), jnp.int32),
-            srv.cache_shapes(batch, _check_max_len(config, max_len)))
-    kept = jax.jit(functools.partial(_step, constrain=_no_constraint))
+    args = step_args(srv, batch=batch, length=1, max_len=check_max_len(config, max_len))
+    kept = jax.jit(functools.partial(_step, constrain=srv.constrain(), sampler=sampling.GREEDY))
     rows = []
     for label, fn in (("cache donated", srv.step), ("not donated", kept)):
-        mem = hlo.memory_per_device(hlo.compile(fn, *args, compiler_options=_fast()))
+        mem = hlo.memory_per_device(hlo.compile(fn, *args, compiler_options=fast()))
         rows.append({"step": label, "arguments": mem.argument_bytes,
                      "outputs": mem.output_bytes, "aliased": mem.alias_bytes,
                      "temporaries": mem.temp_bytes})
@@ -484,18 +387,31 @@ def sharded_row(params: Params, prompt: Any, *, config: Config, steps: int, stra
     tokens and logits are compared with ``reference`` (one device's ``(tokens, logits)``
     from :func:`generate_with_logits`); the bytes each device holds and the collectives of
     one decode step."""
+    if strategy_of(strategy) is None:
+        raise checks.InputError("sharded_row needs a strategy (a name of SERVED) and a mesh.")
+    if not isinstance(reference, (tuple, list)) or len(reference) != 2:
+        raise checks.InputTypeError("reference must be one device's (tokens, logits) from "
+                                    "generate_with_logits.")
+    p = plan(params, prompt, config=config, steps=steps, strategy=strategy, mesh=mesh)
+    batch = len(p.lengths)
+    for name, theirs, shape in (("tokens", reference[0], (batch, p.out_width)),
+                                ("logits", reference[1], (batch, p.steps, config.vocab))):
+        checks.same_shape(f"reference's {name}", checks.array(f"reference's {name}", theirs),
+                          shape, other="this generation")
     tokens, logits = generate_with_logits(params, prompt, config=config, steps=steps,
                                           strategy=strategy, mesh=mesh)
     srv = server(config, strategy=strategy, mesh=mesh)
     batch, total = tokens.shape
-    cache = init_cache(config, batch=batch, max_len=total, strategy=strategy, mesh=srv.mesh)
+    cache = init_cache(config, batch=batch, max_len=total - 1, strategy=strategy, mesh=srv.mesh)
     placed = srv.place_params(params)
     held = max(sum(s.data.nbytes for leaf in jax.tree.leaves(placed)
                    for s in leaf.addressable_shards if s.device == d)
                for d in srv.mesh.devices.flat)
     # The decode step generate just ran (the same arguments, so JAX's cache has it).
-    token = srv.place_tokens(np.zeros((batch, 1), np.int32))
-    ops = hlo.collectives_in_text(srv.step.lower(placed, token, np.int32(0), cache).compile())
+    rows = np.zeros((batch,), np.int32)
+    ops = hlo.collectives_in_text(srv.step.lower(
+        placed, srv.place_tokens(rows[:, None]), np.int32(0), cache, None,
+        (srv.place_key(jax.random.key(0)), np.int32(0))).compile())
     kinds = {k: n for k, n in hlo.count_kinds(ops).items() if n}
     return {"strategy": strategy,
             "mesh": " x ".join(f"{k}={v}" for k, v in srv.mesh.shape.items()),

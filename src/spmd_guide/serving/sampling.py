@@ -1,0 +1,184 @@
+"""Choosing the next token from the logits: greedy, or sampled with temperature, top-k, top-p.
+
+Greedy decoding takes the most likely token. Sampling draws it from
+``softmax(logits / temperature)``, restricted first to the ``top_k`` most likely tokens and
+then to the smallest set of them whose probability reaches ``top_p`` (the *nucleus*), and
+renormalised. A temperature below 1 sharpens the distribution, above 1 flattens it; ``top_k``
+and ``top_p`` cut off the long tail of unlikely tokens.
+
+Sharded, the draw must not depend on the layout. Two things make it so:
+
+* the logits are gathered whole (replicated) before the draw, so the cut-offs (a sort and a
+  cumulative sum over the vocabulary) see every token of a row on every device;
+* the random numbers come from a key that depends on the step alone (``fold_in(key, t)``),
+  and JAX's ``jax_threefry_partitionable`` (the default) makes each element's random bits a
+  function of the key and the element's index only, not of which device computes it
+  (Part VI, book/randomness/random_numbers).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spmd_guide.core import checks
+
+__all__ = ["GREEDY", "Sampler", "chi_square", "draw_rows", "draws_figure", "frequencies", "probabilities", "restrict", "sample", "sampler",
+           "step_key"]
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How the next token is chosen: ``temperature`` 0 is greedy (``top_k``/``top_p`` then
+    change nothing); above 0, a draw from the restricted softmax. Hashable: compiled
+    programs are cached per sampler."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = Sampler()
+
+
+def sampler(*, temperature: Any = 0.0, top_k: Any = None, top_p: Any = None, key: Any = None,
+            vocab: int) -> Sampler:
+    """The checked :class:`Sampler`: ``temperature`` >= 0 (a key is needed above 0),
+    ``top_k`` in ``[1, vocab]``, ``top_p`` in ``(0, 1]``."""
+    temperature = checks.real("temperature", temperature, minimum=0.0)
+    if temperature > 0 and key is None:
+        raise checks.InputError(
+            f"temperature={temperature} samples, which needs a random key: pass "
+            "key=jax.random.key(0) (the same key gives the same tokens), or temperature=0 "
+            "for greedy decoding.")
+    if top_k is not None:
+        top_k = checks.count("top_k", top_k, minimum=1, maximum=vocab)
+    if top_p is not None:
+        top_p = checks.real("top_p", top_p, maximum=1.0)
+        if top_p <= 0:
+            raise checks.InputError(
+                f"top_p must be in (0, 1] (the probability the kept tokens reach), got {top_p}.")
+    return Sampler(temperature, top_k, None if top_p == 1.0 else top_p)
+
+
+def restrict(logits: jax.Array, sampler: Sampler) -> jax.Array:
+    """``logits / temperature`` with every token outside the top-k and the top-p set at
+    ``-inf`` (``[..., vocab]``). Ties at the k-th value are all kept."""
+    scaled = logits.astype(jnp.float32) / sampler.temperature
+    if sampler.top_k is not None:
+        kth = jax.lax.top_k(scaled, sampler.top_k)[0][..., -1:]
+        scaled = jnp.where(scaled >= kth, scaled, -jnp.inf)
+    if sampler.top_p is not None:
+        ordered = -jnp.sort(-scaled, axis=-1)
+        probs = jax.nn.softmax(ordered, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # the mass of the likelier tokens
+        floor = jnp.min(jnp.where(before < sampler.top_p, ordered, jnp.inf), axis=-1,
+                        keepdims=True)
+        scaled = jnp.where(scaled >= floor, scaled, -jnp.inf)
+    return scaled
+
+
+def probabilities(logits: Any, sampler: Sampler) -> jax.Array:
+    """The distribution :func:`sample` draws from: the softmax of :func:`restrict`."""
+    if sampler.greedy:
+        logits = jnp.asarray(logits)
+        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1])
+    return jax.nn.softmax(restrict(jnp.asarray(logits), sampler), axis=-1)
+
+
+def step_key(key: jax.Array, t: Any) -> jax.Array:
+    """The key of generation step ``t``: a function of the key and the step only."""
+    return jax.random.fold_in(key, t)
+
+
+def sample(logits: jax.Array, key: jax.Array, sampler: Sampler) -> jax.Array:
+    """One token per row of ``logits`` ``[batch, vocab]`` (int32 ``[batch]``): the argmax
+    if greedy, else a draw from :func:`probabilities` with ``key`` (the Gumbel-max trick
+    of ``jax.random.categorical``)."""
+    if sampler.greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, restrict(logits, sampler), axis=-1).astype(jnp.int32)
+
+
+def frequencies(logits: Any, sampler: Sampler, *, key: Any, draws: int) -> np.ndarray:
+    """How often each token comes out of ``draws`` independent draws from one row of
+    ``logits`` ``[vocab]`` (each draw with its own key, split from ``key``): the empirical
+    distribution, to set against :func:`probabilities`."""
+    logits = checks.array("logits", logits, ndim=1, dtype_kind="f")
+    draws = checks.count("draws", draws)
+    if sampler.greedy:
+        raise checks.InputError("frequencies needs a sampler with temperature > 0.")
+    keys = jax.random.split(checks.key("key", key), draws)
+    rows = jnp.broadcast_to(jnp.asarray(logits, jnp.float32), (draws, logits.shape[0]))
+    tokens = jax.vmap(lambda row, k: sample(row[None], k, sampler)[0])(rows, keys)
+    return np.bincount(np.asarray(tokens), minlength=logits.shape[0]) / draws
+
+
+def chi_square(counts: Any, probs: Any) -> tuple[float, int]:
+    """Pearson's statistic of observed ``counts`` against ``probs`` over the tokens whose
+    probability is above 0, and its degrees of freedom (tokens - 1). A count on a token of
+    probability 0 gives ``inf``."""
+    counts, probs = np.asarray(counts, float), np.asarray(probs, float)
+    if np.any(counts[probs == 0] > 0):
+        return math.inf, int((probs > 0).sum()) - 1
+    n, live = counts.sum(), probs > 0
+    expected = n * probs[live]
+    return float(np.sum((counts[live] - expected) ** 2 / expected)), int(live.sum()) - 1
+
+
+def draw_rows(logits: Any, samplers: dict[str, Sampler], *, key: Any, draws: int
+              ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per sampler (titled by its key in ``samplers``): the probabilities :func:`sample`
+    gives each token of ``logits`` ``[vocab]`` and the share of ``draws`` draws that picked
+    it."""
+    logits = np.asarray(checks.array("logits", logits, ndim=1, dtype_kind="f"))
+    if not isinstance(samplers, dict) or not samplers or not all(
+            isinstance(s, Sampler) for s in samplers.values()):
+        raise checks.InputTypeError("samplers must map titles to Sampler objects.")
+    return {label: (np.asarray(probabilities(logits, s)),
+                    frequencies(logits, s, key=key, draws=draws))
+            for label, s in samplers.items()}
+
+
+def draws_figure(rows: dict[str, tuple[np.ndarray, np.ndarray]], *, draws: int,
+                 show: int = 12) -> Any:
+    """One panel per row of :func:`draw_rows`: the probability of each of the ``show``
+    likeliest tokens (bars) and how often the ``draws`` draws picked it (dots). Vector figure
+    with alt text (:mod:`spmd_guide.core.drawing`)."""
+    from spmd_guide.core.drawing import subplots
+
+    if not isinstance(rows, dict) or not rows:
+        raise checks.InputTypeError("rows must be draw_rows(...)'s dict of (probs, shares).")
+    first = next(iter(rows.values()))[0]
+    show = checks.count("show", show, maximum=first.shape[0])
+    order = np.argsort(-first, kind="stable")[:show]
+    gap = max(float(np.max(np.abs(p - f))) for p, f in rows.values())
+    fig, axes = subplots(len(rows), 1, figsize=(4.4, 1.7 * len(rows) + 0.5), sharex=True,
+                         squeeze=False, alt=(
+                             f"Bar charts, one per sampler ({'; '.join(rows)}): the probability "
+                             f"of each of the {show} likeliest tokens (bars) and the fraction "
+                             f"of {draws:,} draws that picked it (dots). The dots sit on the "
+                             f"bars: the largest gap is {gap:.3f}; tokens cut off by top-k or "
+                             f"top-p have no bar and no dot."))
+    x = np.arange(show)
+    for ax, (label, (p, f)) in zip(axes[:, 0], rows.items(), strict=True):
+        ax.bar(x, p[order], color="#77AADD", edgecolor="#1F4E79", label="probability")
+        ax.plot(x, f[order], "o", color="#B5402A", markersize=4, label="share of draws")
+        ax.set_title(label, fontsize=10)
+        ax.set_ylabel("probability", fontsize=9)
+        ax.tick_params(labelsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=9, frameon=False)
+    axes[-1, 0].set_xticks(x, [str(t) for t in order])
+    axes[-1, 0].set_xlabel("token id, likeliest first", fontsize=9)
+    fig.tight_layout()
+    return fig

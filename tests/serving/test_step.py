@@ -1,0 +1,113 @@
+"""The serving step: prefill computes the output head at one position per row (review B2),
+rows at their own positions share a batch, and a step fed directly refuses what generate
+refuses (ids outside the vocabulary, parameters of another config, positions past the end)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spmd_guide.core import checks, hlo
+from spmd_guide.serving import serving, step
+from spmd_guide.transformer.lm import Config, forward, init_params
+
+CONFIG = Config(vocab=40, d_model=24, n_heads=4, d_ff=48, n_layers=2, seq_len=16)
+
+
+@functools.cache
+def params():
+    return init_params(jax.random.key(11), CONFIG)
+
+
+def test_prefill_logits_are_the_last_positions_and_the_head_runs_once_per_row():
+    prompt = np.random.default_rng(1).integers(0, CONFIG.vocab, (3, 9)).astype(np.int32)
+    srv = step.server(CONFIG)
+    cache = step.init_cache(CONFIG, batch=3, max_len=12)
+    token, logits, _ = srv.feed(srv.place_params(params()), prompt, 0, cache)
+    full = np.asarray(forward(params(), prompt))[:, -1]
+    np.testing.assert_allclose(np.asarray(logits), full, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(token), full.argmax(-1))
+    # The compiled prefill multiplies by the head [d_model, vocab] for one position per row.
+    text = serving.compiled_step(CONFIG, batch=3, length=9, max_len=12).as_text()
+    heads = [line for line in text.splitlines() if " dot(" in line and f",{CONFIG.vocab}]" in
+             line.split("=")[1].split("dot(")[0]]
+    assert heads and all(f"[3,{CONFIG.vocab}]" in h or f"[3,1,{CONFIG.vocab}]" in h
+                         for h in heads), heads
+
+
+def test_rows_at_their_own_positions_equal_rows_alone():
+    """Ragged prefill (each row's logits at its own last prompt position) then a decode step
+    with one position per row: each row equals feeding it alone."""
+    rng = np.random.default_rng(2)
+    prompt = rng.integers(0, CONFIG.vocab, (2, 6)).astype(np.int32)
+    lengths = np.array([6, 3], np.int32)
+    srv = step.server(CONFIG)
+    placed = srv.place_params(params())
+    token, logits, cache = srv.feed(placed, prompt, 0, step.init_cache(
+        CONFIG, batch=2, max_len=8), last=lengths - 1)
+    nxt, nxt_logits, _ = srv.feed(placed, np.asarray(token)[:, None], lengths, cache)
+    for i, n in enumerate(lengths):
+        alone_tok, alone_logits, c = srv.feed(placed, prompt[i:i + 1, :n], 0, step.init_cache(
+            CONFIG, batch=1, max_len=8))
+        np.testing.assert_allclose(np.asarray(logits)[i], np.asarray(alone_logits)[0], atol=2e-5)
+        _, alone_next, _ = srv.feed(placed, np.asarray(alone_tok)[:, None], int(n), c)
+        np.testing.assert_allclose(np.asarray(nxt_logits)[i], np.asarray(alone_next)[0],
+                                   atol=2e-5)
+
+
+def test_one_position_for_all_rows_is_written_as_a_slice_in_place():
+    """A shared position is a dynamic-update-slice (XLA's cost analysis counts the slot, not
+    the cache); one position per row is a scatter. Both are aliased to the donated cache."""
+    srv = step.server(CONFIG)
+    args = serving.step_args(srv, batch=4, length=1, max_len=16)
+    shared = hlo.compile(srv.step, *args).as_text()
+    rows = jax.ShapeDtypeStruct((4,), jnp.int32)
+    per_row = hlo.compile(srv.step, *args[:2], rows, *args[3:]).as_text()
+    assert "dynamic-update-slice" in shared and "scatter" not in shared
+    assert "scatter" in per_row
+    for text in (shared, per_row):
+        assert "input_output_alias" in text
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [
+    (lambda srv, p, c: srv.feed(p, [[40], [3]], 0, c), checks.InputError, "[0, 40)"),
+    (lambda srv, p, c: srv.feed(p, [[-1], [3]], 0, c), checks.InputError, "[0, 40)"),
+    (lambda srv, p, c: srv.feed(p, [[1.0], [3.0]], 0, c), checks.InputTypeError, "integer"),
+    (lambda srv, p, c: srv.feed(p, [1, 3], 0, c), checks.InputError, "2 dimension"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], [0, 1, 2], c), checks.InputError, "one per row"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], [0, 8], c), checks.InputError, "do not fit"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], 1.0, c), checks.InputTypeError, "integer"),
+    (lambda srv, p, c: srv.feed(p, [[1, 2], [3, 4]], 0, c, last=[0, 2]), checks.InputError,
+     "last must be at most 1"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], 0, c, key="k"), checks.InputTypeError,
+     "random key"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], 0, c, t=-1), checks.InputError, "t must be"),
+    (lambda srv, p, c: srv.feed({"embed": p["embed"]}, [[1], [3]], 0, c), checks.InputError,
+     "params"),
+    (lambda srv, p, c: srv.feed(init_params(jax.random.key(0), Config(
+        vocab=32, d_model=24, n_heads=4, d_ff=48, n_layers=2, seq_len=16)), [[1], [3]], 0, c),
+     checks.InputError, "vocab"),
+    (lambda srv, p, c: srv.feed(p, [[1], [3]], 0, "cache"), checks.InputTypeError, "cache"),
+], ids=["id = vocab", "id -1", "float ids", "1-D tokens", "3 starts for 2 rows",
+        "a row past the end", "float start", "last past the tokens", "string key",
+        "negative step", "params missing leaves", "params of another vocab", "cache a string"])
+def test_feed_makes_generates_checks(call, error, words):
+    srv = step.server(CONFIG)
+    cache = step.init_cache(CONFIG, batch=2, max_len=8)
+    with pytest.raises(error) as info:
+        call(srv, params(), cache)
+    assert words in str(info.value)
+
+
+def test_cached_attention_takes_one_start_per_row_and_refuses_a_wrong_count():
+    q, cache = np.ones((2, 1, 2, 4), np.float32), np.ones((2, 2, 8, 4), np.float32)
+    out = step.cached_attention(q, cache, cache, start=np.array([3, 7]))
+    assert out.shape == q.shape
+    with pytest.raises(checks.InputError, match="one per row"):
+        step.cached_attention(q, cache, cache, start=np.array([3, 7, 1]))
+    with pytest.raises(checks.InputError, match="at most 7"):
+        step.cached_attention(q, cache, cache, start=np.array([3, 8]))
