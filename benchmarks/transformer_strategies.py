@@ -1,4 +1,4 @@
-"""Compare the Part VII transformer strategies on one AdamW training step at a larger size.
+"""Compare the Part IX transformer strategies on one AdamW training step at a larger size.
 
 For each strategy in ``spmd_guide.transformer.transformer.STRATEGIES``: the collectives of the compiled
 step, the bytes one device sends (ring model, ``spmd_guide.core.hlo``) beside the formula
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     if args.json:
         from spmd_guide.core import results
 
-        results.save(args.json, benchmark="Part VIII transformer strategies, one AdamW step",
+        results.save(args.json, benchmark="Part IX transformer strategies, one AdamW step",
                      command=["benchmarks/transformer_strategies.py", *argv],
                      settings={"config": str(config), "batch": args.batch, "runs": args.runs},
                      rows=rows)

@@ -1,4 +1,4 @@
-"""The NNX model against the Part VIII model (lm, transformer.STRATEGIES): the same layouts,
+"""The NNX model against the Part IX model (lm, transformer.STRATEGIES): the same layouts,
 the same loss, the same training step, on meshes over the first 1, 2, 4 and 8 devices with
 Auto and Explicit axes."""
 
@@ -54,7 +54,7 @@ def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
     params = to_lm_params(model)
     assert jax.tree.structure(params) == jax.tree.structure(
         lm.init_params(jax.random.key(0), CONFIG))
-    # Every parameter laid out as Part VIII's strategy lays out its counterpart.
+    # Every parameter laid out as Part IX's strategy lays out its counterpart.
     ref, ref_tokens = STRATEGIES[name].shard(_host(params), tokens(), mesh)
     for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(params),
                                  jax.tree.leaves(ref), strict=True):
@@ -70,7 +70,7 @@ def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
 
 
 def check_step(name, n, axis_types, microbatches):
-    """One step with k microbatches equals one full-batch step (and Part VIII's AdamW step);
+    """One step with k microbatches equals one full-batch step (and Part IX's AdamW step);
     parameters and AdamW's moments keep the parameters' layouts."""
     mesh = _mesh(name, n, axis_types)
     model = create(CONFIG, strategy=name, mesh=mesh)
@@ -92,7 +92,7 @@ def check_step(name, n, axis_types, microbatches):
 
 @jax.jit
 def _reference_step(params, tokens):
-    """Part VIII's model, one AdamW step on the whole batch on one device."""
+    """Part IX's model, one AdamW step on the whole batch on one device."""
     ref_loss, grads = jax.value_and_grad(functools.partial(lm.lm_loss, config=CONFIG))(
         params, tokens)
     tx = optax.adamw(1e-2)

@@ -1,4 +1,4 @@
-"""The compiler facts Part XII's pages state: the NNX model's collectives equal Part VIII's,
+"""The compiler facts Part XIII's pages state: the NNX model's collectives equal Part IX's,
 where accumulation's collectives run, the unreduced deferral, memory per device."""
 
 from __future__ import annotations

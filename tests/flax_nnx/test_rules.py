@@ -34,7 +34,7 @@ def test_dimensions_claim_in_order_once_and_only_when_they_divide():
     fsdp = RULES["fsdp"]
     assert mesh_spec(("embed", "heads", "head_dim"), (32, 8, 4), fsdp, mesh) == \
         P("data", None, None)
-    # heads (4) does not split 8 ways: the next dimension that does takes data, as Part VIII.
+    # heads (4) does not split 8 ways: the next dimension that does takes data, as Part IX.
     assert mesh_spec(("heads", "head_dim", "embed"), (4, 8, 32), fsdp, mesh) == \
         P(None, "data", None)
     assert mesh_spec(("heads", "head_dim", "embed"), (4, 4, 4), fsdp, mesh) == P(None, None, None)

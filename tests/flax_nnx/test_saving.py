@@ -1,4 +1,4 @@
-"""An NNX model saved under one rule table and restored under another (Orbax, Part X)."""
+"""An NNX model saved under one rule table and restored under another (Orbax, Part XI)."""
 
 from __future__ import annotations
 

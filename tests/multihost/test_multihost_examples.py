@@ -1,4 +1,4 @@
-"""multihost_examples: the Part VI programs called in this one process (process 0 of 1), where
+"""multihost_examples: the Part VIII programs called in this one process (process 0 of 1), where
 they must agree with the one-device reference and refuse bad input before doing anything."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Part X, a run you can stop and move (book/checkpointing/).
+"""Part XI, a run you can stop and move (book/checkpointing/).
 
 - `checkpoint`: save, restore and latest_step with Orbax: a pytree of sharded arrays written
   as it lies, read back in any layout (checkpointing/saving, checkpointing/resuming).
@@ -8,7 +8,7 @@
   reads, and whether a layout fits a chip's memory (checkpointing/saving,
   checkpointing/resuming).
 - `crash`: a process killed with SIGKILL while it saves (checkpointing/saving).
-- `training`: train_lm, the Part VIII transformer trained with AdamW on its counting task,
+- `training`: train_lm, the Part IX transformer trained with AdamW on its counting task,
   saving parameters, optimizer state and data position, and resuming under another strategy
   and device count (checkpointing/resuming).
 

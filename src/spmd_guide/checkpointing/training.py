@@ -1,4 +1,4 @@
-"""Train the Part VIII transformer so that the run can be stopped and moved.
+"""Train the Part IX transformer so that the run can be stopped and moved.
 
 :func:`train_lm` trains :mod:`spmd_guide.transformer.lm`'s model on its counting task with
 AdamW (optax) under one of :data:`spmd_guide.transformer.transformer.STRATEGIES`, reading the

@@ -1,4 +1,4 @@
-"""The Part VIII transformer in Flax NNX, its strategies as tables of logical-axis rules.
+"""The Part IX transformer in Flax NNX, its strategies as tables of logical-axis rules.
 
 Every parameter says what each of its dimensions *is* (``embed``, ``heads``, ``mlp``,
 ``vocab``, ...); a strategy is a table of rules from those logical names to mesh axes::
@@ -9,7 +9,7 @@ Every parameter says what each of its dimensions *is* (``embed``, ``heads``, ``m
 
 A rule table is resolved per array, dimension by dimension in order: a dimension takes the
 first rule for its name whose mesh axes are not yet used by an earlier dimension of the same
-array and whose size they divide; otherwise it stays whole. That is Part VIII's layouts
+array and whose size they divide; otherwise it stays whole. That is Part IX's layouts
 exactly, ZeRO-3's "first dimension that divides" included (:func:`mesh_spec`).
 
 Parameters are float32 (``param_dtype``); ``compute_dtype=jnp.bfloat16`` runs the matrix
@@ -18,7 +18,7 @@ stay float32 (mixed precision). ``train_step(..., microbatches=k)`` accumulates 
 over ``k`` equal slices of the batch in a ``jax.lax.scan`` and makes one update, equal to the
 update on the whole batch.
 
-On a mesh of Explicit axes the model runs under ``jax.sharding.auto_axes`` (as Part VIII's
+On a mesh of Explicit axes the model runs under ``jax.sharding.auto_axes`` (as Part IX's
 strategies do): parameters, optimizer state and gradients keep their Explicit shardings.
 """
 
@@ -57,7 +57,7 @@ __all__ = ["RULES", "Model", "abstract_model", "create", "loss", "make_optimizer
 
 def _param(rngs: nnx.Rngs, names: tuple[str, ...], shape: tuple[int, ...], dtype: Any, *,
            fan_in: int | None = None, scale: float = 1.0) -> nnx.Param:
-    """A parameter drawn as Part VIII draws it (normal / sqrt(fan_in); ones for a norm),
+    """A parameter drawn as Part IX draws it (normal / sqrt(fan_in); ones for a norm),
     annotated with the logical names of its dimensions. ``eager_sharding=False``: Flax
     0.12 would otherwise lay it out as it is made, by its own renaming of the names; the
     book lays the whole state out at once with :func:`mesh_spec` (:func:`create`)."""
@@ -99,14 +99,14 @@ class Block(nnx.Module):
 
 
 def _rms_norm(x: jax.Array, scale: jax.Array) -> jax.Array:
-    """Part VIII's RMS norm, its mean of squares taken in float32 in any compute dtype."""
+    """Part IX's RMS norm, its mean of squares taken in float32 in any compute dtype."""
     x32 = x.astype(jnp.float32)
     norm = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
     return norm.astype(x.dtype) * scale
 
 
 class Model(nnx.Module):
-    """The Part VIII transformer (:mod:`spmd_guide.transformer.lm`) as an ``nnx.Module``.
+    """The Part IX transformer (:mod:`spmd_guide.transformer.lm`) as an ``nnx.Module``.
 
     Parameters are ``param_dtype``; with a ``compute_dtype`` (e.g. ``jnp.bfloat16``) every
     weight is cast to it where it is used, so activations and matrix products run in it;
@@ -287,7 +287,7 @@ def _init_program(config: lm.Config, rules: Rules, mesh: Mesh, param_dtype: str,
 
 
 def _check_sizes(strategy: str, config: lm.Config, mesh: Mesh) -> None:
-    """Part VIII refuses tensor parallelism over sizes that do not split: so does this."""
+    """Part IX refuses tensor parallelism over sizes that do not split: so does this."""
     for name, what in (("heads", "n_heads"), ("mlp", "d_ff"), ("vocab", "vocab")):
         for logical, target in RULES[strategy]:
             if logical == name and target == "model" and "model" in mesh.shape:
@@ -296,7 +296,7 @@ def _check_sizes(strategy: str, config: lm.Config, mesh: Mesh) -> None:
 
 
 def to_lm_params(model: Model) -> lm.Params:
-    """The model's weights as Part VIII's pytree (``lm.init_params``'s structure), the same
+    """The model's weights as Part IX's pytree (``lm.init_params``'s structure), the same
     arrays (same shardings), cast to nothing."""
     model = _check_model(model)
 

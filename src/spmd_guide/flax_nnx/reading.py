@@ -1,5 +1,5 @@
-"""What the pages of Part XII read from compiled programs: the NNX model's collectives next to
-Part VIII's, collectives inside and outside a gradient-accumulation loop, memory per device,
+"""What the pages of Part XIII read from compiled programs: the NNX model's collectives next to
+Part IX's, collectives inside and outside a gradient-accumulation loop, memory per device,
 and a small program where JAX's ``unreduced`` sharding defers the gradient's reduction."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
 
 
 def _part_viii_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
-    """Part VIII's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
+    """Part IX's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
     strategy = STRATEGIES[name]
     shardings = strategy.shardings(params, mesh)
     args = jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
@@ -72,7 +72,7 @@ def _counts_text(counts: dict[str, int]) -> str:
 def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
     """One row per strategy: whether every parameter of the model :func:`logical.create`
     builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
-    out as Part VIII's strategy lays it out, and the collectives of both compiled
+    out as Part IX's strategy lays it out, and the collectives of both compiled
     loss-and-gradient programs. ``meshes`` maps strategy names to meshes."""
     if not isinstance(meshes, dict) or not meshes:
         raise checks.InputTypeError(
@@ -90,7 +90,7 @@ def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> 
         rows.append({"strategy": name, "mesh": " x ".join(f"{k}={v}" for k, v in
                                                           mesh.shape.items()),
                      "same layout": same, "NNX + table": _counts_text(ours),
-                     "Part VIII": _counts_text(part8), "same collectives": ours == part8})
+                     "Part IX": _counts_text(part8), "same collectives": ours == part8})
     return rows
 
 

@@ -2,7 +2,7 @@
 
 A parameter's dimensions have logical names (``embed``, ``heads``, ``mlp``, ``vocab``, ...);
 a rule table maps each name to a mesh axis, a tuple of mesh axes, or None (keep whole).
-:data:`RULES` holds Part VIII's four parameter layouts as such tables and :func:`mesh_spec`
+:data:`RULES` holds Part IX's four parameter layouts as such tables and :func:`mesh_spec`
 turns names, a shape and a table into a ``PartitionSpec`` on a mesh.
 """
 
@@ -31,7 +31,7 @@ PARAM_NAMES: dict[str, tuple[str, ...]] = {
     "wo": ("heads", "head_dim", "embed"), "norm2": ("embed",),
     "w_up": ("embed", "mlp"), "w_down": ("mlp", "embed"),
 }
-#: The logical names of each kind of activation (Part VIII's ``constrain`` kinds).
+#: The logical names of each kind of activation (Part IX's ``constrain`` kinds).
 ACTIVATION_NAMES: dict[str, tuple[str, ...]] = {
     "residual": ("batch", "length", "embed"), "heads": ("batch", "length", "heads", "head_dim"),
     "hidden": ("batch", "length", "mlp"), "logits": ("batch", "length", "vocab"),
@@ -45,7 +45,7 @@ def _table(**targets: Any) -> Rules:
     return tuple((name, targets.get(name)) for name in NAMES)
 
 
-#: Part VIII's four parameter layouts as rule tables (mesh axes ``data`` and ``model``).
+#: Part IX's four parameter layouts as rule tables (mesh axes ``data`` and ``model``).
 #: Every name is listed (None: keep whole), so Flax's own ``nnx.logical_axis_rules`` can read
 #: the tables too: it renames each name and would pass an unlisted one through as a mesh axis.
 RULES: dict[str, Rules] = {

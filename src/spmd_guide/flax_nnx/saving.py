@@ -1,4 +1,4 @@
-"""Save an NNX model's parameters with Orbax (Part X's ``checkpoint``) and restore them into
+"""Save an NNX model's parameters with Orbax (Part XI's ``checkpoint``) and restore them into
 any rule table's layout, on any mesh.
 
 The checkpoint holds the state as a plain nested dict of arrays (``nnx.to_pure_dict``), so it

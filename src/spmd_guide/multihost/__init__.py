@@ -1,4 +1,4 @@
-"""Part VII, beyond one host (book/multihost/).
+"""Part VIII, beyond one host (book/multihost/).
 
 - `multihost`: several JAX processes on one machine, launched, watched and stopped
   (multihost/multihost).

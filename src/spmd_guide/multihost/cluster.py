@@ -1,4 +1,4 @@
-"""Planning for a real pod or cluster from one machine (Part VII).
+"""Planning for a real pod or cluster from one machine (Part VIII).
 
 Two questions a reader has before the first multi-host run, answered without a cluster:
 

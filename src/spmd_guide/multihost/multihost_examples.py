@@ -1,4 +1,4 @@
-"""The programs Part VII runs in several processes at once, with :func:`spmd_guide.multihost.multihost.launch`.
+"""The programs Part VIII runs in several processes at once, with :func:`spmd_guide.multihost.multihost.launch`.
 
 Every function here runs in *each* launched process, after ``jax.distributed.initialize``: the
 same code, a different ``jax.process_index()``. Each prints what its process sees (that is the
@@ -292,11 +292,11 @@ def data_parallel_step(*, problem: str, strategies: Sequence[str] = ("dp",),
                        seed: int = 0, loader: str = "sharded") -> dict[str, Any]:
     """Loss and gradients of the MLP on one batch of ``problem``, everywhere.
 
-    The batch is the first of an epoch of the Part VI loader. ``loader="sharded"``: laid
+    The batch is the first of an epoch of the Part VII loader. ``loader="sharded"``: laid
     out as each strategy wants it, each process loading only its devices' rows.
     ``loader="naive"``: every process takes the whole batch and passes it to the step as
     ``jax.device_put(batch)`` does (uncommitted, on its default device), the naive loader
-    of Part VI; it runs as long as every process passes the same batch.
+    of Part VII; it runs as long as every process passes the same batch.
     Returns the ids of the examples this process loaded and, per strategy,
     the loss and the gradients (whole, as nested lists).
     """

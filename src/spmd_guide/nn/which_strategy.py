@@ -37,14 +37,14 @@ QUESTIONS: dict[str, str] = {
 }
 
 #: The answers (leaves of the flowchart), by id: what to run and which book strategies do it.
-#: FSDP x TP is the transformer's ``fsdp_tp`` (Part VIII: ZeRO-3 over ``data``, Megatron pairs
+#: FSDP x TP is the transformer's ``fsdp_tp`` (Part IX: ZeRO-3 over ``data``, Megatron pairs
 #: over ``model``). Part IV's ``auto_2d`` stores the state split as finely, but its weights and
 #: activations are split over different axes at each contraction, so it gathers far more.
 ANSWERS: dict[str, tuple[str, str]] = {
     "DP": ("Data parallel (DP)", "dp, auto_dp"),
     "DP x TP": ("2-D: data parallel x tensor parallel", "auto_dp_tp"),
     "FSDP": ("Fully sharded data parallel (FSDP)", "fsdp, auto_fsdp"),
-    "FSDP x TP": ("2-D: FSDP x tensor parallel", "Part VIII's fsdp_tp"),
+    "FSDP x TP": ("2-D: FSDP x tensor parallel", "Part IX's fsdp_tp"),
     "TP": ("Tensor parallel (TP) over every device", "tp"),
     "none": ("Does not fit: add devices, or pipeline / offload / lower precision", "-"),
 }
@@ -111,7 +111,7 @@ class Recommendation:
     @property
     def book_strategies(self) -> str:
         """The book's strategies that lay a model out so: names in Part IV's
-        ``spmd_guide.nn.STRATEGIES``, or Part VIII's transformer for FSDP x TP.
+        ``spmd_guide.nn.STRATEGIES``, or Part IX's transformer for FSDP x TP.
         ``auto_dp_tp``'s model axis is 2 unless built with another ``model_size``."""
         names = ANSWERS[self.answer][1]
         model = self.mesh.get("model", 2)

@@ -1,4 +1,4 @@
-"""Part IX, pipeline and expert parallelism (book/pipeline/).
+"""Part X, pipeline and expert parallelism (book/pipeline/).
 
 - `schedules`: pipeline schedules as data (GPipe, 1F1B), bubbles, microbatches in flight
   (pipeline/pipeline).

@@ -1,4 +1,4 @@
-"""Part VI, randomness and data (book/randomness/).
+"""Part VII, randomness and data (book/randomness/).
 
 - `prng`: random numbers under sharding (randomness/random_numbers).
 - `data`: sharded batch loading, `sharded_batches` (randomness/sharded_data).

@@ -1,7 +1,7 @@
 """What the rooflines pages show: the Part IV MLP priced per strategy and chip, predictions
 ranked per chip, the figures, and the worked problems, each answer computed with
 :mod:`spmd_guide.rooflines.roofline` and :mod:`spmd_guide.rooflines.formulas` from the chips of
-:mod:`spmd_guide.rooflines.hardware`. (The Part VIII transformer's counts live with the
+:mod:`spmd_guide.rooflines.hardware`. (The Part IX transformer's counts live with the
 transformer, in :mod:`spmd_guide.transformer.pricing`.)
 
 The MLP's counts come from compiling each strategy's training step (value and gradient of its

@@ -1,4 +1,4 @@
-"""Part XI, serving the transformer (book/serving/).
+"""Part XII, serving the transformer (book/serving/).
 
 - `serving`: the face: generation with a KV cache, greedy or sampled, with stop tokens and
   prompts of different lengths, the loop on the device (`generate`, `init_cache`, `serve`;

@@ -13,7 +13,7 @@ Sharded, the draw must not depend on the layout. Two things make it so:
 * the random numbers come from a key that depends on the step alone (``fold_in(key, t)``),
   and JAX's ``jax_threefry_partitionable`` (the default) makes each element's random bits a
   function of the key and the element's index only, not of which device computes it
-  (Part VI, book/randomness/random_numbers).
+  (Part VII, book/randomness/random_numbers).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Generating text from the Part VIII transformer with a KV cache, on one device or many.
+"""Generating text from the Part IX transformer with a KV cache, on one device or many.
 
-The face of Part XI's code: every name the pages and tests use is importable from here.
+The face of Part XII's code: every name the pages and tests use is importable from here.
 
 * :func:`generate` (the book's contract): prefill, then decode in a loop that runs on the
   device (``jax.lax.while_loop`` with the cache in its carry: one dispatch for the whole

@@ -16,7 +16,7 @@ cache and attends over it, and ``constrain``, which sees every activation, by
 :class:`KeepLast`, which keeps only each row's last prompt position before the output head
 (prefill needs one position's logits, not ``prompt_len`` of them). Every row has its own
 position, so prompts of different lengths share a batch. Sharded, the cache takes the layout
-a Part VIII strategy gives the per-head activations: split over the batch (``dp``,
+a Part IX strategy gives the per-head activations: split over the batch (``dp``,
 ``fsdp``), over the heads (``tp``), or both (``fsdp_tp``).
 
 The cache keeps the heads before the positions so that attention's two matmuls read it in
@@ -49,7 +49,7 @@ __all__ = ["SERVED", "CacheWriter", "KeepLast", "Server", "cache_bytes", "cached
 
 Cache = list[dict[str, jax.Array]]
 
-#: The Part VIII strategies that can run this decode step, and why the others cannot.
+#: The Part IX strategies that can run this decode step, and why the others cannot.
 SERVED = ("dp", "fsdp", "tp", "fsdp_tp")
 _NOT_SERVED = {name: "it splits the sequence, and this decode step has a single position"
                for name in ("tp_sp", "cp", "cp_zigzag")}

@@ -1,4 +1,4 @@
-"""Part VIII, a transformer at scale (book/transformer/).
+"""Part IX, a transformer at scale (book/transformer/).
 
 - `lm`: the decoder-only transformer and its counting task (every page of the Part).
 - `attention`: ring attention, contiguous and zig-zag (transformer/ring_attention).

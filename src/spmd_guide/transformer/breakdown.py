@@ -4,7 +4,7 @@ XLA keeps, for every op it compiles, the JAX operation and the Python stack fram
 from (``op_name`` and ``stack_frame_id`` metadata, with source tables at the top of the
 module's text). :func:`collective_breakdown` reads them back, so a page can say *which line
 of the model* each all-reduce belongs to, forward or backward, and over which mesh axis,
-instead of guessing from buffer sizes (Part VIII).
+instead of guessing from buffer sizes (Part IX).
 """
 
 from __future__ import annotations

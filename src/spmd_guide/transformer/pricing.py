@@ -1,4 +1,4 @@
-"""The Part VIII transformer priced per strategy (the page "Pricing the transformer" of Part
+"""The Part IX transformer priced per strategy (the page "Pricing the transformer" of Part
 V): one training step of each strategy compiled at a size worth pricing, on
 ``jax.ShapeDtypeStruct``s laid out as the strategy lays out real arrays. Nothing is run; the
 counts feed :func:`spmd_guide.rooflines.roofline_pages.predict_strategies`.
@@ -39,7 +39,7 @@ def _sizes(config: dict[str, Any]) -> dict[str, int]:
 
 def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
                        **config: int) -> roofline.Counts:
-    """Per-device counts of one training step (loss and gradient) of the Part VIII strategy
+    """Per-device counts of one training step (loss and gradient) of the Part IX strategy
     ``name`` on a transformer of ``config`` (default :data:`LM_CONFIG`), compiled on
     ``jax.ShapeDtypeStruct``s laid out as the strategy lays them out; nothing is run.
 
@@ -99,7 +99,7 @@ def _transformer_counts(name: str, config: Any, batch: int,
 def transformer_big_arrays(*, batch: int = LM_BATCH, n_devices: int = 8,
                            **config: int) -> dict[str, int]:
     """Bytes per device (float32) of the two largest activations of plain attention and the
-    output head, whatever the strategy: every strategy of Part VIII splits the batch, the
+    output head, whatever the strategy: every strategy of Part IX splits the batch, the
     heads or the sequence ``n_devices`` ways. One layer's attention scores are
     ``batch x heads x seq x seq``; the logits ``batch x seq x vocab``."""
     c = _sizes(config)
