@@ -158,6 +158,7 @@ def test_resuming_refuses_what_cannot_continue_the_run(tmp_path):
     assert checkpoint.steps(run) == [2]
 
 
+@pytest.mark.slow
 def test_exercise_save_every(tmp_path):
     training.train_lm(CONFIG, strategy="fsdp", n_devices=8, steps=10, save_every=4,
                       checkpoint_dir=tmp_path, **KW)

@@ -102,6 +102,7 @@ def _reference_step(params, tokens):
 
 # Quick: layouts and loss on a 2-D Explicit mesh; the sweeps cover every strategy on 1, 2, 4
 # and 8 devices with both axis types, and the training step with microbatches.
+@pytest.mark.slow
 def test_fsdp_tp_on_explicit_axes_layout_and_loss():
     check_layout_and_loss("fsdp_tp", 4, "explicit", part_viii_loss=False)
 

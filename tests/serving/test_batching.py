@@ -39,6 +39,7 @@ def alone(eos: int | None) -> list[list[int]]:
     return [new[:new.index(eos) + 1] if eos in new else new for new in setup()[3]]
 
 
+@pytest.mark.slow
 def test_each_request_equals_generating_it_alone():
     params, requests, eos, _ = setup()
     expected = alone(eos)

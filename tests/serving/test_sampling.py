@@ -127,6 +127,7 @@ def test_frequencies_refuses_bad_input():
         sampling.frequencies(LOGITS[0], chosen, key="k", draws=10)
 
 
+@pytest.mark.slow
 def test_exercise_answers():
     # 1. Temperature 0.01: one-hot on the argmax.
     cold = np.asarray(sampling.probabilities(LOGITS, sampling.Sampler(0.01)))

@@ -393,6 +393,7 @@ def _options(seed: int = 0) -> dict:
     return SAMPLED | {"key": jax.random.key(seed)}
 
 
+@pytest.mark.slow
 def test_same_key_same_tokens_on_one_device_and_sharded():
     params, prompt, greedy, _ = fixture()
     one = np.asarray(serving.generate(params, prompt, config=CONFIG, steps=STEPS, **_options()))
@@ -440,6 +441,7 @@ def test_eos_stops_each_row_and_the_loop():
     assert logits.shape[1] == 1 and (np.asarray(tokens)[0, PROMPT_LEN:] == first).all()
 
 
+@pytest.mark.slow
 def test_ragged_rows_equal_each_row_alone():
     params, prompt, _, _ = fixture()
     out = np.asarray(serving.generate(params, prompt, config=CONFIG, steps=4,
@@ -452,6 +454,7 @@ def test_ragged_rows_equal_each_row_alone():
         assert (out[i, n + 4:] == 5).all()
 
 
+@pytest.mark.slow
 def test_device_loop_equals_python_loop_with_one_dispatch():
     params, prompt, _, _ = fixture()
     counts = serving.dispatches(params, prompt, config=CONFIG, steps=STEPS)

@@ -23,6 +23,7 @@ def params():
     return init_params(jax.random.key(11), CONFIG)
 
 
+@pytest.mark.slow
 def test_prefill_logits_are_the_last_positions_and_the_head_runs_once_per_row():
     prompt = np.random.default_rng(1).integers(0, CONFIG.vocab, (3, 9)).astype(np.int32)
     srv = step.server(CONFIG)
@@ -39,6 +40,7 @@ def test_prefill_logits_are_the_last_positions_and_the_head_runs_once_per_row():
                          for h in heads), heads
 
 
+@pytest.mark.slow
 def test_rows_at_their_own_positions_equal_rows_alone():
     """Ragged prefill (each row's logits at its own last prompt position) then a decode step
     with one position per row: each row equals feeding it alone."""

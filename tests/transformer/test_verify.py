@@ -25,6 +25,7 @@ def _row(name: str, axis_types: str) -> verify.StrategyCheck:
     return verify.check_strategy(STRATEGIES[name], mesh, CONFIG, params, tokens)
 
 
+@pytest.mark.slow
 def test_zero_gradients_leave_the_param_layout_on_auto_axes():
     """model.md: without out_shardings, Auto axes let the compiler return ZeRO's gradients in
     another layout: none of fsdp's 20 leaves keeps its parameter's."""
