@@ -55,3 +55,14 @@ def mesh_of(k: int, names: tuple[str, ...] = ("x",), shape: tuple[int, ...] | No
     shape = shape or (k,)
     kind = AxisType.Explicit if explicit else AxisType.Auto
     return jax.make_mesh(shape, names, axis_types=(kind,) * len(names), devices=DEVICES[:k])
+
+
+def contrast_ratio(a: str, b: str) -> float:
+    """WCAG contrast ratio of two ``#RRGGBB`` colours (4.5 is AA for text)."""
+    def luminance(colour: str) -> float:
+        channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+        return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+    high, low = sorted((luminance(a), luminance(b)), reverse=True)
+    return (high + 0.05) / (low + 0.05)

@@ -8,6 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import contrast_ratio
 from jax.sharding import AxisType
 
 from spmd_guide.core import drawing, hlo
@@ -16,17 +17,6 @@ from spmd_guide.nn import profiling
 from spmd_guide.shard_map import collectives, ring_costs
 
 SOURCE = Path(drawing.__file__)
-
-
-def _luminance(colour: str) -> float:
-    channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
-    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
-
-
-def _contrast(a: str, b: str) -> float:
-    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)
 
 
 def _shown(figure_html: str) -> tuple[float, float]:
@@ -48,7 +38,7 @@ def test_drawing_is_a_base_module_and_the_one_palette():
 
 
 def test_palette_meets_wcag_aa_under_the_text_colour():
-    assert all(_contrast(colour, drawing.TEXT) >= 4.5 for colour in drawing.PALETTE)
+    assert all(contrast_ratio(colour, drawing.TEXT) >= 4.5 for colour in drawing.PALETTE)
 
 
 @pytest.mark.parametrize("make", [

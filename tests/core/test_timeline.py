@@ -6,20 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import contrast_ratio
 
 from spmd_guide.core import checks, drawing, timeline
-
-
-def _luminance(colour: str) -> float:
-    channels = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
-    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
-    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
-
-
-def _contrast(a: str, b: str) -> float:
-    high, low = sorted((_luminance(a), _luminance(b)), reverse=True)
-    return (high + 0.05) / (low + 0.05)
-
 
 LANES = {"device 0": [(0.0, 5.0, "compute"), (5.0, 20.0, "collective"), (6.0, 10.0, "wait"),
                       (1.0, 3.0, "other")],
@@ -37,7 +26,7 @@ def test_every_kind_is_visible_on_white():
     for kind, style in timeline.KIND_STYLE.items():
         # A solid bar contrasts with the page; a white (wait) bar by its hatch and outline.
         shown = style["color"] if style["color"].upper() != "#FFFFFF" else style["edge"]
-        assert _contrast(shown, "#FFFFFF") >= 4.5, kind
+        assert contrast_ratio(shown, "#FFFFFF") >= 4.5, kind
         assert kind == "wait" or not style["hatch"]
 
 
