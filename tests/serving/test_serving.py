@@ -407,7 +407,9 @@ def test_same_key_same_tokens_on_one_device_and_sharded():
     assert (np.asarray(other) != one).any()  # another key, other tokens
 
 
+@pytest.mark.slow
 def test_top_k_one_samples_the_greedy_tokens():
+    """Through generate (test_sampling checks the sampler itself quickly)."""
     params, prompt, greedy, _ = fixture()
     out = serving.generate(params, prompt, config=CONFIG, steps=STEPS, temperature=2.0,
                            top_k=1, key=jax.random.key(3))
