@@ -112,3 +112,19 @@ def test_text_instance_record_structure_and_mesh_axes():
     assert checks.mesh_axes("mesh", mesh, ("data",)) is mesh
     with pytest.raises(InputError, match="needs 'model'"):
         checks.mesh_axes("mesh", mesh, ("data", "model"))
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ("", InputError), ("  ", InputError), (b"/tmp/x", InputTypeError), (3, InputTypeError),
+    (None, InputTypeError), (["a"], InputTypeError)])
+def test_path_refuses_what_is_not_a_named_path(value, error):
+    """An empty path would mean the current directory: every package function that writes or
+    reads a path (checkpoints, results, chips files, problem files) goes through checks.path."""
+    with pytest.raises(error, match="out must"):
+        checks.path("out", value)
+
+
+def test_path_returns_a_pathlib_path():
+    import pathlib
+    assert checks.path("out", "a/b") == pathlib.Path("a/b")
+    assert checks.path("out", pathlib.Path("/tmp")) == pathlib.Path("/tmp")

@@ -32,7 +32,6 @@ the step and the directory, with Orbax's or TensorStore's error as its cause.
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import shutil
 from collections.abc import Iterator
@@ -74,15 +73,7 @@ class DamagedCheckpointError(checks.InputError):
 def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> pathlib.Path:
     """``directory`` as an absolute path; refuses what is not a path, an empty or blank
     path (it would mean the current directory) and a file."""
-    if isinstance(directory, bytes) or not isinstance(directory, (str, os.PathLike)):
-        raise checks.InputTypeError(
-            f"{name} must be a path (a str or pathlib.Path), got {checks.value_text(directory)}.")
-    text = os.fspath(directory)
-    if not isinstance(text, str) or not text.strip():
-        raise checks.InputError(
-            f"{name} must name a directory, got {checks.value_text(directory)}; an empty path "
-            f"would mean the current directory. Pass it explicitly, e.g. './checkpoints'.")
-    path = pathlib.Path(text).expanduser().absolute()
+    path = checks.path(name, directory, what="a path to a directory").expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise checks.InputError(f"{name} {str(path)!r} is a file, not a directory.")
     if must_exist and not path.exists():

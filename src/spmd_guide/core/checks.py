@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
+import pathlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -306,6 +308,19 @@ def flag(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InputTypeError(f"{name} must be True or False, got {value_text(value)}.")
     return bool(value)
+
+
+def path(name: str, value: Any, *, what: str = "a path") -> pathlib.Path:
+    """``value`` as a ``pathlib.Path``: a str or ``os.PathLike`` that is not empty or blank
+    (an empty path would silently mean the current directory). Bytes are refused too."""
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise InputTypeError(f"{name} must be {what} (a str or pathlib.Path), "
+                             f"got {value_text(value)}.")
+    text_ = os.fspath(value)
+    if not isinstance(text_, str) or not text_.strip():
+        raise InputError(f"{name} must not be empty, got {value_text(value)}: an empty path "
+                         f"would mean the current directory; name it explicitly (e.g. './out').")
+    return pathlib.Path(text_)
 
 
 def text(name: str, value: Any, *, empty: bool = False) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import pathlib
 import shlex
 from collections.abc import Mapping, Sequence
@@ -80,11 +79,6 @@ class Results:
                 f"run on {self.date[:10]}.")
 
 
-def _path(name: str, value: Any) -> pathlib.Path:
-    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
-        raise checks.InputTypeError(
-            f"{name} must be a file system path (a string or pathlib.Path), got {value!r:.60}.")
-    return pathlib.Path(value)
 
 
 def _plain(name: str, value: Any) -> Any:
@@ -125,7 +119,7 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str] | s
     a NaN (a run that measured nothing) propagates: stored as ``NaN``, loaded back as NaN.
     Every row must have the same columns.
     """
-    path = _path("path", path)
+    path = checks.path("path", path)
     if path.suffix != ".json":
         raise checks.InputError(
             f"path must name a .json file (load_all reads *.json), got {str(path)!r}.")
@@ -178,7 +172,7 @@ def _without_json(command: Sequence[str]) -> list[str]:
 
 def load(path: str | pathlib.Path) -> Results:
     """Read a file :func:`save` wrote; a clear error if it is missing or not such a file."""
-    path = _path("path", path)
+    path = checks.path("path", path)
     if not path.is_file():
         raise checks.InputError(
             f"no benchmark results at {path}: run the benchmark with --json {path} first.")
@@ -214,7 +208,7 @@ def load(path: str | pathlib.Path) -> Results:
 def load_all(folder: str | pathlib.Path, *, script: str | None = None) -> list[Results]:
     """Every run saved in ``folder`` (``*.json``, by file name), or only those ``script``
     made; a clear error if there is none, so a page never shows an empty section."""
-    folder = _path("folder", folder)
+    folder = checks.path("folder", folder)
     if script is not None and (not isinstance(script, str) or not script):
         raise checks.InputTypeError(
             f"script must be the script's path as saved, such as 'benchmarks/strategies.py', "

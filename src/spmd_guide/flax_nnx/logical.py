@@ -184,12 +184,10 @@ def _check_mesh(mesh: Any) -> Mesh:
     return mesh
 
 
-def _check_model(model: Any) -> Model:
-    if not isinstance(model, Model):
-        raise checks.InputTypeError(
-            f"model must be a spmd_guide.flax_nnx.logical.Model (from create or Model(...)), "
-            f"got {checks.value_text(model)}.")
-    return model
+def check_model(model: Any) -> Model:
+    """``model`` if it is a :class:`Model` (every function of this subpackage takes one)."""
+    return checks.instance("model", model, Model,
+                           example="a spmd_guide.flax_nnx.logical.Model (from create or Model(...))")
 
 
 # --------------------------------------------------------------------------- layouts
@@ -298,7 +296,7 @@ def _check_sizes(strategy: str, config: lm.Config, mesh: Mesh) -> None:
 def to_lm_params(model: Model) -> lm.Params:
     """The model's weights as Part IX's pytree (``lm.init_params``'s structure), the same
     arrays (same shardings), cast to nothing."""
-    model = _check_model(model)
+    model = check_model(model)
 
     def block(b: Block) -> dict[str, jax.Array]:
         return {k: getattr(b, k).get_value() for k in ("norm1", "wq", "wk", "wv", "wo", "norm2",
@@ -343,7 +341,7 @@ def _loss_program(graphdef: Any, state: Any, tokens: jax.Array) -> jax.Array:
 def loss(model: Model, tokens: Any) -> jax.Array:
     """Mean next-token cross-entropy of ``tokens`` ``[batch, seq_len + 1]``; equals
     ``lm.lm_loss(to_lm_params(model), tokens, config=model.config)`` (in float32 compute)."""
-    model = _check_model(model)
+    model = check_model(model)
     tokens = _check_tokens(model, tokens)
     graphdef, state = nnx.split(model)
     return _loss_program(graphdef, state, _place_tokens(model, tokens))
@@ -362,7 +360,7 @@ def _place_tokens(model: Model, tokens: Any) -> jax.Array:
 def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimizer:
     """``nnx.Optimizer`` with optax AdamW over the model's ``nnx.Param``s, its moments made
     under ``jax.jit`` in the parameters' layouts (ZeRO keeps them split like the weights)."""
-    model = _check_model(model)
+    model = check_model(model)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tx = _adamw(learning_rate)
     if model.mesh is None:
@@ -458,7 +456,7 @@ def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,
     """One AdamW update of ``model`` and ``optimizer`` in place on ``tokens``; the mean loss
     before the update. ``microbatches=k`` accumulates the gradient over ``k`` equal slices
     of the batch and gives the same update as the whole batch at once."""
-    model = _check_model(model)
+    model = check_model(model)
     if not isinstance(optimizer, nnx.Optimizer):
         raise checks.InputTypeError(
             f"optimizer must be the nnx.Optimizer make_optimizer(model) returns, got "

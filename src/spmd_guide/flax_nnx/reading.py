@@ -25,7 +25,7 @@ __all__ = ["bytes_per_device", "compare_with_part_viii", "deferred_reduction", "
 
 def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> Any:
     """The compiled loss-and-gradient program of ``train_step`` (no update), on ``tokens``."""
-    model = logical._check_model(model)
+    model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
     tokens = logical._check_tokens(model, tokens, microbatches)
     graphdef, state = nnx.split(model)
@@ -39,7 +39,7 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
     """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
     ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
     too, each leaf with its parameter's sharding, and nothing is allocated."""
-    model = logical._check_model(model)
+    model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tokens = logical._check_tokens(model, tokens, microbatches)

@@ -22,7 +22,7 @@ __all__ = ["restore", "save"]
 
 def save(directory: Any, model: logical.Model, *, step: int) -> Any:
     """Write ``model``'s parameters as ``step`` of ``directory`` (returns the step's path)."""
-    model = logical._check_model(model)
+    model = logical.check_model(model)
     return checkpoint.save(directory, nnx.to_pure_dict(nnx.state(model)), step=step)
 
 

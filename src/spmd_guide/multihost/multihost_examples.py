@@ -264,8 +264,7 @@ def _make_problem(seed: int, *, sizes: tuple[int, ...], num_examples: int):
 def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
     """Write :func:`example_problem` (``options`` are its arguments) to an ``.npz`` file; return
     its path. The launched processes read it, as the hosts of a cluster read the same files."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
+    path = checks.path("path", path, what="a file name")
     dataset, params = example_problem(**options)
     layers = {f"{kind}{i}": np.asarray(array) for i, layer in enumerate(params)
               for kind, array in zip("wb", layer, strict=True)}
@@ -275,8 +274,7 @@ def save_problem(path: str | os.PathLike[str], **options: Any) -> str:
 
 def load_problem(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], Params]:
     """The dataset and parameters written by :func:`save_problem`, as NumPy arrays."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise checks.InputTypeError(f"path must be a file name, got {path!r}.")
+    path = checks.path("path", path, what="a file name")
     if not Path(path).is_file():
         raise checks.InputError(f"no problem file {os.fspath(path)!r}: write it with "
                                 "save_problem(path) first.")

@@ -156,8 +156,7 @@ def load_chips(path: str | os.PathLike[str] = CHIPS_FILE) -> dict[str, Chip]:
     """The chips of a TOML file like ``chips.toml``; refuses unknown or missing fields, a
     rate that is not a positive number (a string such as ``"16 GB"`` included), and an entry
     without a source, or without a citation for each of its rates."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise checks.InputTypeError(f"path must be a file path, got {path!r}.")
+    path = checks.path("path", path, what="a file path")
     if not os.path.isfile(path):
         raise checks.InputError(
             f"path {str(path)!r} is not a file; pass a TOML file like {str(CHIPS_FILE)!r}.")

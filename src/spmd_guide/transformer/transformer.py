@@ -71,11 +71,8 @@ def auto_mesh(mesh: Mesh) -> Mesh:
 
 
 def _strategy(strategy: Any) -> Strategy:
-    if not isinstance(strategy, Strategy):
-        raise checks.InputTypeError(
-            f"strategy must be one of STRATEGIES' values, such as STRATEGIES['tp'], got "
-            f"{checks.value_text(strategy)}.")
-    return strategy
+    return checks.instance("strategy", strategy, Strategy,
+                           example="one of STRATEGIES' values, such as STRATEGIES['tp']")
 
 
 def _devices(devices: Any) -> list[jax.Device]:
