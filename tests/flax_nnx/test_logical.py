@@ -213,3 +213,16 @@ def test_model_without_mesh_trains_with_microbatches():
         np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
         for got, w in zip(jax.tree.leaves(params), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+
+
+def test_an_optimizer_made_for_another_model_is_refused():
+    """Flax 0.12's nnx.Optimizer does not hold its model: a same-shaped model would silently
+    take the other's AdamW moments. make_optimizer remembers which model it was made for."""
+    first, second = Model(CONFIG, rngs=nnx.Rngs(0)), Model(CONFIG, rngs=nnx.Rngs(1))
+    optimizer = make_optimizer(first)
+    before = _host(to_lm_params(second))
+    with pytest.raises(InputError, match="made for another model"):
+        train_step(second, optimizer, tokens())
+    for got, want in zip(jax.tree.leaves(to_lm_params(second)), jax.tree.leaves(before),
+                         strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)  # nothing was updated

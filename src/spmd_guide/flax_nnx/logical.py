@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any
 
 import jax
@@ -364,7 +365,7 @@ def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimize
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tx = _adamw(learning_rate)
     if model.mesh is None:
-        return nnx.Optimizer(model, tx, wrt=nnx.Param)
+        return _owned(nnx.Optimizer(model, tx, wrt=nnx.Param), model)
     graphdef, state = nnx.split(model)
     key = (graphdef, tx)
     if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph and learning rate
@@ -378,7 +379,17 @@ def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimize
                        compiler_options=hlo.FAST_COMPILE)
         _OPTIMIZER_PROGRAMS[key] = (init, opt_graphdef)
     init, opt_graphdef = _OPTIMIZER_PROGRAMS[key]
-    return nnx.merge(opt_graphdef, init(state))
+    return _owned(nnx.merge(opt_graphdef, init(state)), model)
+
+
+#: Which model each optimizer from make_optimizer was made for: Flax 0.12's nnx.Optimizer no
+#: longer holds its model, and another model of the same shapes would silently take its moments.
+_OWNERS: weakref.WeakKeyDictionary[nnx.Optimizer, weakref.ref[Model]] = weakref.WeakKeyDictionary()
+
+
+def _owned(optimizer: nnx.Optimizer, model: Model) -> nnx.Optimizer:
+    _OWNERS[optimizer] = weakref.ref(model)
+    return optimizer
 
 
 _OPTIMIZER_PROGRAMS: dict[Any, Any] = {}
@@ -466,6 +477,11 @@ def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
     _check_optimizer(state, opt_state)
+    owner = _OWNERS.get(optimizer)
+    if owner is not None and owner() is not model:
+        raise checks.InputError(
+            "optimizer was made for another model (its AdamW moments are that model's); make "
+            "one with make_optimizer(model) for this model.")
     new_state, new_opt, value = _step_program(graphdef, opt_graphdef, state, opt_state,
                                               microbatches, _place_tokens(model, tokens))
     nnx.update(model, new_state)
