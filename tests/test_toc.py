@@ -42,3 +42,31 @@ def test_every_page_is_in_the_table_of_contents_and_exists():
     pages = {str(p.relative_to(ROOT / "book").with_suffix(""))
              for p in (ROOT / "book").rglob("*.md") if "_build" not in p.parts}
     assert pages == set(entries), pages ^ set(entries)
+
+
+def _object_lines(source: str, dotted: str) -> int:
+    """Lines of ``dotted`` (a function, class or Class.method) as literalinclude's pyobject
+    shows it: from its first decorator to its last line."""
+    import ast
+    nodes = ast.parse(source).body
+    for name in dotted.split("."):
+        node = next(n for n in nodes if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                    and n.name == name)
+        nodes = node.body
+    start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    return node.end_lineno - start + 1
+
+
+def test_code_dropdowns_state_the_length_of_the_code_they_show():
+    """A dropdown titled "The code: `f` (N lines)" must show N lines: the count is typed in
+    the page, so it drifts when the function changes."""
+    import re
+    pattern = re.compile(r"The code: `[\w.]+` \((\d+) lines\)\n```\{literalinclude\} (\S+)\n"
+                         r":pyobject: ([\w.]+)")
+    found = []
+    for page in sorted((ROOT / "book").rglob("*.md")):
+        for stated, path, obj in pattern.findall(page.read_text()):
+            real = _object_lines((page.parent / path).resolve().read_text(), obj)
+            found.append((page.relative_to(ROOT), obj, int(stated), real))
+    assert found, "no code dropdowns found: the pattern no longer matches the pages"
+    assert [f for f in found if f[2] != f[3]] == []
