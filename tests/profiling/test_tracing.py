@@ -175,7 +175,7 @@ def test_reading_a_folder_without_a_trace_fails_clearly(tmp_path):
 
 # --------------------------------------------------------------------------- parsing
 
-_PROGRAM = """HloModule jit_f, entry_computation_layout={(f32[8]{0})->f32[8]{0}}
+_PROGRAM = """HloModule jit_f, entry_computation_layout={(f32[8]{0})->f32[8]{0}}, num_partitions=2
 
 ENTRY %main (p: f32[8]) -> f32[8] {
   %p = f32[8]{0} parameter(0)

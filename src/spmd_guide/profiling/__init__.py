@@ -3,6 +3,8 @@ sharded step, read per device and checked against the compiled program.
 
 - `tracing`: `capture(fn, *args, repeats)` -> `Trace` (ops per device and run, collective
   counts, compute/collective/wait time per device) (profiling/tracing, profiling/stragglers).
+- `annotations`: `StepTraceAnnotation`/`TraceAnnotation` spans read from a trace and lined
+  up with the devices' runs; time per `jax.named_scope` (profiling/tracing).
 - `measure`: what the pages measure with it: a straggler, warm-up against steady state, live
   memory per device from `jax.profiler.device_memory_profile` (profiling/stragglers).
 """

@@ -33,10 +33,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.profiling.tracing import capture, counts_text
+from spmd_guide.profiling.tracing import Trace, capture, counts_text
 
 __all__ = [
-    "MemoryAfterStep", "call_times", "counts_row", "live_bytes", "memory_after_step", "stage_times",
+    "MAX_DELAY_MS", "MemoryAfterStep", "call_times", "counts_row", "live_bytes", "memory_after_step", "stage_times",
     "steady_ratio", "straggler_program", "thread_sharing", "waits_per_collective",
 ]
 
@@ -47,6 +47,7 @@ def counts_row(label: str, fn: Callable[..., Any], *args: Any, repeats: int = 2
                ) -> dict[str, str]:
     """One row of the page's check: the collectives the compiled program of ``fn`` holds,
     those one device executed per run in a trace of it, and whether they agree."""
+    checks.text("label", label)
     compiled = hlo.compile(fn, *args)  # once: the trace runs this very executable
     held = hlo.count_kinds(hlo.collectives_in_text(compiled.as_text()))
     traced = capture(compiled, *args, repeats=repeats).collective_counts()
@@ -82,39 +83,79 @@ def _local_step(x: jax.Array, w: jax.Array, work: jax.Array, *, axis_name: str) 
     return lax.psum(jnp.sum(y), axis_name)
 
 
+def _sleep(y: np.ndarray, delay_ms: np.ndarray) -> np.ndarray:
+    """Host side of :func:`_delayed_step`: sleep, using no CPU, then hand ``y`` back."""
+    time.sleep(float(np.asarray(delay_ms).reshape(-1)[0]) / 1e3)
+    return np.asarray(y)
+
+
+def _delayed_step(x: jax.Array, w: jax.Array, work: jax.Array, delay_ms: jax.Array, *,
+                  axis_name: str) -> jax.Array:
+    """:func:`_local_step` with a stall: after the first all-reduce, the device's thread
+    sleeps ``delay_ms`` in a host callback (a device held up by its input, say), taking no
+    CPU from the others."""
+    total = lax.psum(work[0], axis_name)
+    y = x / jnp.maximum(total, 1).astype(x.dtype)
+    y = jax.pure_callback(_sleep, jax.ShapeDtypeStruct(y.shape, y.dtype), y, delay_ms)
+    y = lax.fori_loop(0, work[0], lambda _, y: jnp.tanh(y @ w), y)
+    return lax.psum(jnp.sum(y), axis_name)
+
+
+#: The longest stall :func:`straggler_program` takes, in ms (a step, not a hang).
+MAX_DELAY_MS = 10_000.0
+
+
 def straggler_program(mesh: Mesh, axis_name: str, work: Sequence[int], *, rows: int = 32,
-                      width: int = 256, seed: int = 0
+                      width: int = 256, seed: int = 0,
+                      delay_ms: Sequence[float] | None = None
                       ) -> tuple[Callable[..., jax.Array], tuple[jax.Array, ...]]:
     """``(step, args)``: a jitted ``shard_map`` step and its inputs, in which device ``d``
     of ``axis_name`` runs ``work[d]`` matmuls of ``[rows, width] @ [width, width]`` between
     two ``psum``s. The first lines the devices up (on CPU mock devices their programs start
     at different times); at the second, the devices with less work wait. Equal ``work``
-    gives a balanced step; one larger entry, a straggler. ``mesh`` may have Auto or
-    Explicit axes; other axes replicate."""
+    gives a balanced step; one larger entry, a straggler. With ``delay_ms`` (one entry per
+    device), device ``d`` also sleeps ``delay_ms[d]`` ms after the first ``psum``
+    (:func:`_delayed_step`): a straggler that takes no CPU from the others. ``mesh`` may
+    have Auto or Explicit axes; other axes replicate."""
     checks.mesh("mesh", mesh)
     n = checks.axis(mesh, axis_name)
     work = checks.counts("work", work, minimum=0)
     if len(work) != n:
         raise checks.InputError(
             f"work needs one entry per device of axis {axis_name!r} ({n}), got {len(work)}.")
-    rows = checks.count("rows", rows)
-    width = checks.count("width", width)
+    if delay_ms is not None:
+        if isinstance(delay_ms, (str, bytes)) or not isinstance(delay_ms,
+                                                                 (Sequence, np.ndarray)):
+            raise checks.InputTypeError(f"delay_ms must be a sequence of milliseconds, one "
+                                        f"per device, got {checks.value_text(delay_ms)}.")
+        delay_ms = [checks.real(f"delay_ms[{i}]", v, minimum=0.0, maximum=MAX_DELAY_MS)
+                    for i, v in enumerate(delay_ms)]
+        if len(delay_ms) != n:
+            raise checks.InputError(f"delay_ms needs one entry per device of axis "
+                                    f"{axis_name!r} ({n}), got {len(delay_ms)}.")
+    rows = checks.count("rows", rows, maximum=1 << 16)
+    width = checks.count("width", width, maximum=1 << 14)
     rng = np.random.default_rng(checks.count("seed", seed, minimum=0))
     x = rng.standard_normal((n * rows, width), dtype=np.float32)
     w = rng.standard_normal((width, width), dtype=np.float32) / np.sqrt(width)
-    args = (jax.device_put(x, NamedSharding(mesh, P(axis_name))),
-            jax.device_put(w, NamedSharding(mesh, P())),
-            jax.device_put(np.asarray(work, np.int32), NamedSharding(mesh, P(axis_name))))
+    split, whole = NamedSharding(mesh, P(axis_name)), NamedSharding(mesh, P())
+    args = (jax.device_put(x, split), jax.device_put(w, whole),
+            jax.device_put(np.asarray(work, np.int32), split))
+    specs = (P(axis_name), P(), P(axis_name))
     body = functools.partial(_local_step, axis_name=axis_name)
-    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axis_name), P(), P(axis_name)),
-                                 out_specs=P()))
+    if delay_ms is not None:
+        args += (jax.device_put(np.asarray(delay_ms, np.float32), split),)
+        specs += (P(axis_name),)
+        body = functools.partial(_delayed_step, axis_name=axis_name)
+    step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))
     return step, args
 
 
-def waits_per_collective(trace: Any) -> dict[str, dict[int, float]]:
+def waits_per_collective(trace: Trace) -> dict[str, dict[int, float]]:
     """``{collective's HLO name: {device: µs waited in it per run}}`` of a
     :class:`~spmd_guide.profiling.tracing.Trace`, collectives in the order they first start
     (0 for a device that did not wait)."""
+    checks.instance("trace", trace, Trace, example="a tracing.Trace (tracing.capture(...))")
     firsts: dict[str, float] = {}
     for op in trace.ops:
         if op.kind == "collective":
@@ -174,10 +215,16 @@ def call_times(fn: Callable[..., Any], *args: Any, calls: int = 5) -> list[float
 
 def steady_ratio(times: Sequence[float]) -> float:
     """The first call's time over the median of the others (how many steady calls the
-    first one costs)."""
-    if len(times) < 2:
-        raise checks.InputError("need at least two call times: the first and a later one.")
-    return times[0] / statistics.median(times[1:])
+    first one costs). Each time must be a finite positive number of seconds."""
+    if isinstance(times, (str, bytes)) or not isinstance(times, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"times must be a sequence of seconds (call_times(...)), got "
+            f"{checks.value_text(times)}.")
+    seconds = [checks.real(f"times[{i}]", t, positive=True) for i, t in enumerate(times)]
+    if len(seconds) < 2:
+        raise checks.InputError("times needs at least two call times: the first and a later "
+                                f"one, got {len(seconds)}.")
+    return seconds[0] / statistics.median(seconds[1:])
 
 
 # --------------------------------------------------------------------------- memory

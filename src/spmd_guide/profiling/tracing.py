@@ -7,8 +7,11 @@ the standard library; the ``.xplane.pb`` beside it holds the same events as a pr
 XProf). On XLA:CPU (JAX 0.12) the file has, for every HLO op a device executes, an event
 whose ``args`` carry ``device_ordinal`` (a string), ``hlo_module``, ``hlo_op`` (the
 instruction's name) and ``run_id`` (shared by the devices of one execution; may be
-negative). A ``Rendezvous`` event, with no device, sits inside a collective's event on the
-same thread while that device waits for the others to arrive.
+negative). Each op's event ends with an ``end: <name>`` event inside its span, with no
+device. A ``Rendezvous`` event sits inside a collective's event on the same thread while
+that device waits for the others to arrive; it has no ``device_ordinal`` or ``run_id``
+field (its ``name`` arg holds the run id and the group's devices, not which device waited),
+so its device and run come from the collective around it.
 
 What this module makes of it (:class:`Trace`):
 
@@ -25,7 +28,11 @@ What this module makes of it (:class:`Trace`):
   over a trace), with that collective's device, name and run.
 * Runs are numbered ``0 .. repeats-1`` in the order they started (not by ``run_id``).
 * Ops inside a loop body appear once per trip: a ``fori_loop`` of 3 trips around a ``psum``
-  executes 3 all-reduces per run, where the compiled program's text holds one.
+  executes 3 all-reduces per run, where the compiled program's text holds one; a
+  ``conditional``'s ops appear only for the branch taken.
+* A trace is checked against the program it is read with: the devices that ran it must be
+  the program's device count (``num_partitions`` x ``replica_count`` of its text), every op
+  name must be one of its instructions; a trace of another compilation is refused.
 """
 
 from __future__ import annotations
@@ -49,9 +56,9 @@ from spmd_guide.core.hlo_text import _OPCODES, KINDS, parse_module, program_text
 from spmd_guide.core.timeline import draw_timeline
 
 __all__ = [
-    "KINDS_OF_OP", "MAX_REPEATS", "Op", "Trace", "TraceError", "capture", "counts_text",
-    "opcodes_of",
-    "op_kind", "read_events", "trace_files",
+    "HLO_OPCODES", "KINDS_OF_OP", "MAX_REPEATS", "Op", "Trace", "TraceError", "TraceInputError",
+    "capture", "check_events", "counts_text", "device_count_of", "event_time", "opcodes_of", "op_kind", "read_events",
+    "trace_files",
 ]
 
 #: What an op record can be, in the order the timeline draws them.
@@ -64,21 +71,75 @@ MAX_REPEATS = 1000
 _TOLERANCE_US = 0.01  # event times are rounded to ns: containment allows this much slack
 
 
+#: Every HLO opcode XLA defines (``HLO_OPCODE_LIST`` in openxla/xla
+#: ``xla/hlo/ir/hlo_opcode.h``): what :func:`op_kind` accepts.
+HLO_OPCODES = frozenset("""
+abs acos acosh add add-dependency after-all all-gather all-gather-done all-gather-start
+all-reduce all-reduce-done all-reduce-start all-to-all and asin asinh async-done async-start
+async-update atan atan2 atanh batch-norm-grad batch-norm-inference batch-norm-training bitcast
+bitcast-convert broadcast call cbrt ceil cholesky clamp count-leading-zeros
+collective-broadcast collective-permute collective-permute-done collective-permute-start
+collective-reduce compare complex concatenate conditional constant convert convolution copy
+copy-done copy-start cosine cosh custom-call divide domain dot dynamic-reshape dynamic-slice
+dynamic-update-slice erf exponential exponential-minus-one fft floor fusion gather
+get-dimension-size get-tuple-element imag infeed iota is-finite log log-plus-one logistic map
+maximum minimum mulhi multiply negate not opt-barrier or outfeed pad parameter partition-id
+popcnt power ragged-all-to-all ragged-dot real recv recv-done reduce reduce-precision
+reduce-scatter reduce-window remainder replica-id reshape reverse rng rng-bit-generator
+rng-get-and-update-state round-nearest-afz round-nearest-even rsqrt scaled-dot scan scatter
+select select-and-scatter send send-done set-dimension-size shift-left shift-right-arithmetic
+shift-right-logical shuffle sign sine sinh slice sort sqrt stochastic-convert subtract tan
+tanh topk transpose triangular-solve tuple while xor
+""".split())
+
+
 class TraceError(RuntimeError):
     """The trace does not say what the check needs (devices or runs disagree, runs are
     missing, an op is not in the compiled program)."""
 
 
+class TraceInputError(TraceError, checks.InputError):
+    """What the caller gave does not make a trace of the program: events or a file that are
+    not a trace, a trace of another compilation or of another device count."""
+
+
 def op_kind(opcode: str) -> str:
-    """``"collective"``, ``"other"`` or ``"compute"`` for an HLO opcode (see module docs)."""
+    """``"collective"``, ``"other"`` or ``"compute"`` for an HLO opcode (see module docs).
+
+    Only XLA's opcodes (:data:`HLO_OPCODES`) are taken: an instruction name
+    (``all-reduce.3``) or a JAX primitive (``psum``) is refused, not called compute.
+    """
     if not isinstance(opcode, str) or not opcode:
-        raise checks.InputTypeError(f"an HLO opcode is a non-empty string, got "
+        raise checks.InputTypeError(f"opcode must be an HLO opcode, a non-empty string, got "
                                     f"{checks.value_text(opcode)}.")
+    if opcode not in HLO_OPCODES:
+        base = re.sub(r"\.\d+$", "", opcode)
+        hint = (f"; {opcode!r} looks like an instruction's name: pass its opcode, {base!r}"
+                if base != opcode and base in HLO_OPCODES else
+                " (a JAX primitive such as 'psum' compiles to an opcode such as 'all-reduce'; "
+                "opcodes_of(program) maps a program's instruction names to their opcodes)")
+        raise checks.InputError(f"opcode {opcode!r} is not an HLO opcode{hint}.")
+    return _kind(opcode)
+
+
+def _kind(opcode: str) -> str:
+    """The kind of an opcode read from a compiled program (no check: a newer XLA may have
+    opcodes :data:`HLO_OPCODES` lacks; they count as compute)."""
     if opcode in _OPCODES or (opcode.endswith("-done") and opcode[:-5] in KINDS):
         return "collective"
     if opcode in _CONTAINERS:
         return "other"
     return "compute"
+
+
+def device_count_of(program: str | jax.stages.Compiled) -> int:
+    """Devices one run of a compiled program spans: ``num_partitions`` x ``replica_count``
+    of its ``HloModule`` line (each 1 when absent)."""
+    text = program_text(program)
+    first = text.lstrip().splitlines()[0] if text.strip() else ""
+    sizes = [int(m.group(1)) if (m := re.search(rf"\b{key}=(\d+)", first)) else 1
+             for key in ("num_partitions", "replica_count")]
+    return sizes[0] * sizes[1]
 
 
 def opcodes_of(program: str | jax.stages.Compiled) -> tuple[str, dict[str, str]]:
@@ -110,6 +171,19 @@ class Op:
     run: int
     opcode: str = ""
 
+    def __post_init__(self) -> None:
+        fixed = {
+            "device": checks.count("device", self.device, minimum=0),
+            "name": checks.text("name", self.name),
+            "kind": checks.one_of("kind", self.kind, KINDS_OF_OP),
+            "start_us": checks.real("start_us", self.start_us),
+            "dur_us": checks.real("dur_us", self.dur_us, minimum=0.0),
+            "run": checks.count("run", self.run, minimum=0),
+            "opcode": checks.text("opcode", self.opcode, empty=True),
+        }
+        for key, value in fixed.items():
+            object.__setattr__(self, key, value)
+
     @property
     def end_us(self) -> float:
         return self.start_us + self.dur_us
@@ -125,7 +199,10 @@ class Trace:
     """A trace of ``runs`` executions of one compiled program, per device.
 
     ``ops`` are sorted by run, device and start; ``devices`` are the sorted device ordinals
-    (``jax.Device.id``), ``runs`` the number of runs, ``module`` the HLO module's name.
+    (``jax.Device.id``), ``runs`` the number of runs, ``module`` the HLO module's name,
+    ``origin_us`` the trace clock's time (``ts`` of the events) at which ``start_us`` 0 lies.
+    Built by hand, every field is checked: each op an :class:`Op` of a listed device and a
+    run below ``runs``.
     """
 
     ops: list[Op]
@@ -133,6 +210,27 @@ class Trace:
     runs: int
     module: str = ""
     folder_files: list[tuple[str, int]] = field(default_factory=list, repr=False)
+    origin_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, (str, bytes, Mapping)) or not isinstance(self.ops, Sequence):
+            raise checks.InputTypeError(f"ops must be a list of Op, got "
+                                        f"{checks.value_text(self.ops)}.")
+        self.ops = list(self.ops)
+        for i, op in enumerate(self.ops):
+            checks.instance(f"ops[{i}]", op, Op, example="a tracing.Op")
+        devices = checks.counts("devices", self.devices, minimum=0)
+        if list(devices) != sorted(set(devices)):
+            raise checks.InputError(f"devices must be sorted and distinct, got {list(devices)}.")
+        self.devices = list(devices)
+        self.runs = checks.count("runs", self.runs, maximum=MAX_REPEATS)
+        self.module = checks.text("module", self.module, empty=True)
+        self.origin_us = checks.real("origin_us", self.origin_us)
+        for i, op in enumerate(self.ops):
+            if op.device not in self.devices or op.run >= self.runs:
+                raise checks.InputError(
+                    f"ops[{i}] is of device {op.device}, run {op.run}: the trace has devices "
+                    f"{self.devices} and runs 0..{self.runs - 1}.")
 
     # -- per run and device -------------------------------------------------------------
 
@@ -242,9 +340,17 @@ class Trace:
     @classmethod
     def from_events(cls, events: Sequence[Mapping[str, Any]],
                     program: str | jax.stages.Compiled, *, runs: int | None = None) -> Trace:
-        """Parse TraceEvents (the ``traceEvents`` of a trace file) of ``program``'s runs."""
+        """Parse TraceEvents (the ``traceEvents`` of a trace file) of ``program``'s runs.
+
+        Refused (:class:`TraceInputError`): events that are not a list of dicts, ``runs``
+        runs expected and another number found, an op name ``program`` does not hold, and
+        ops on another number of devices than ``program`` spans (a trace of the same
+        function compiled for another mesh)."""
+        if runs is not None:
+            runs = checks.count("runs", runs, maximum=MAX_REPEATS)
+        check_events(events)
         module, opcodes = opcodes_of(program)
-        return _parse(events, module, opcodes, runs)
+        return _parse(events, module, opcodes, runs, device_count_of(program))
 
 
 def _collective_of(op: Op) -> str:
@@ -261,43 +367,81 @@ def counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no collectives"
 
 
+def check_events(events: Any) -> Sequence[Mapping[str, Any]]:
+    """``events`` if it is a list of TraceEvent dicts (what :func:`read_events` returns)."""
+    if isinstance(events, (str, bytes, Mapping)) or not isinstance(events, Sequence):
+        raise checks.InputTypeError(
+            f"events must be a list of TraceEvent dicts (read_events(folder)), got "
+            f"{checks.value_text(events)}.")
+    for i, e in enumerate(events):
+        if not isinstance(e, Mapping):
+            raise checks.InputTypeError(
+                f"events[{i}] must be a TraceEvent dict, got {checks.value_text(e)}.")
+    return events
+
+
+def event_time(e: Mapping[str, Any], key: str, i: int) -> float:
+    """A finite ``ts``/``dur`` of event ``i``, or a :class:`TraceInputError` naming it."""
+    try:
+        value = float(e[key])
+    except (KeyError, TypeError, ValueError):
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")) or (key == "dur" and value < 0):
+        raise TraceInputError(f"events[{i}] ({e.get('name')!r}) has {key}="
+                              f"{checks.value_text(e.get(key))}, not a time in µs: is this a "
+                              "trace jax.profiler wrote?")
+    return value
+
+
 def _parse(events: Sequence[Mapping[str, Any]], module: str, opcodes: Mapping[str, str],
-           runs: int | None) -> Trace:
-    raw = []
-    for e in events:
+           runs: int | None, n_devices: int = 0) -> Trace:
+    raw = []  # (index, event, device, name, run id, ts, dur)
+    for i, e in enumerate(events):
         args = e.get("args") or {}
-        if e.get("ph") == "X" and args.get("hlo_module") == module and "hlo_op" in args \
-                and "device_ordinal" in args and "run_id" in args:
-            raw.append(e)
+        if not (e.get("ph") == "X" and isinstance(args, Mapping)
+                and args.get("hlo_module") == module and "hlo_op" in args
+                and "device_ordinal" in args and "run_id" in args):
+            continue
+        try:
+            device = int(str(args["device_ordinal"]))
+        except ValueError:
+            device = -1
+        if device < 0:
+            raise TraceInputError(f"events[{i}] has device_ordinal="
+                                  f"{checks.value_text(args['device_ordinal'])}, not a device id.")
+        raw.append((i, e, device, str(args["hlo_op"]), str(args["run_id"]),
+                    event_time(e, "ts", i), event_time(e, "dur", i)))
     if not raw:
-        raise TraceError(f"the trace holds no op of the HLO module {module!r}.")
+        raise TraceInputError(f"the trace holds no op of the HLO module {module!r}.")
     starts: dict[str, float] = {}
-    for e in raw:
-        run_id = str(e["args"]["run_id"])
-        starts[run_id] = min(starts.get(run_id, float("inf")), float(e["ts"]))
+    for _, _, _, _, run_id, ts, _ in raw:
+        starts[run_id] = min(starts.get(run_id, float("inf")), ts)
     order = {run_id: i for i, run_id in enumerate(sorted(starts, key=starts.__getitem__))}
     if runs is not None and len(order) != runs:
-        raise TraceError(f"expected {runs} runs of {module!r} in the trace, found "
-                         f"{len(order)}.")
+        raise TraceInputError(f"runs={runs} runs of {module!r} were expected in the trace, "
+                              f"it holds {len(order)}.")
     t0 = min(starts.values())
-    missing = sorted({e["args"]["hlo_op"] for e in raw} - set(opcodes))
+    missing = sorted({r[3] for r in raw} - set(opcodes))
     if missing:
-        raise TraceError(f"the trace names ops the compiled program does not hold: "
-                         f"{missing[:5]}; was the trace taken of another compilation?")
+        raise TraceInputError(f"the trace names ops the compiled program does not hold: "
+                              f"{missing[:5]}; was the trace taken of another compilation?")
+    seen = sorted({r[2] for r in raw})
+    if n_devices and len(seen) != n_devices:
+        raise TraceInputError(
+            f"the trace's ops of {module!r} ran on {len(seen)} device(s) {seen[:8]}, but the "
+            f"program spans {n_devices}: was the trace taken of the function compiled for "
+            "another mesh?")
     ops: list[Op] = []
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, Op]]] = {}
-    for e in raw:
-        name = e["args"]["hlo_op"]
+    for _, e, device, name, run_id, ts, dur in raw:
         opcode = opcodes[name]
-        op = Op(int(e["args"]["device_ordinal"]), name, op_kind(opcode), float(e["ts"]) - t0,
-                float(e["dur"]), order[str(e["args"]["run_id"])], opcode)
+        op = Op(device, name, _kind(opcode), ts - t0, dur, order[run_id], opcode)
         ops.append(op)
         if op.kind == "collective":
-            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(
-                (float(e["ts"]), float(e["ts"]) + float(e["dur"]), op))
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append((ts, ts + dur, op))
     ops += _waits(events, by_thread, t0)
     ops.sort(key=lambda op: (op.run, op.device, op.start_us, KINDS_OF_OP.index(op.kind)))
-    return Trace(ops, sorted({op.device for op in ops}), len(order), module)
+    return Trace(ops, seen, len(order), module, origin_us=t0)
 
 
 def _waits(events: Iterable[Mapping[str, Any]],
@@ -310,15 +454,15 @@ def _waits(events: Iterable[Mapping[str, Any]],
     firsts = {key: [s[0] for s in spans] for key, spans in by_thread.items()}
     kept: dict[int, list[tuple[float, float]]] = {}
     owners: dict[int, Op] = {}
-    for e in events:
+    for index, e in enumerate(events):
         if e.get("ph") != "X" or e.get("name") != "Rendezvous":
             continue
         thread = (e.get("pid"), e.get("tid"))
         spans = by_thread.get(thread)
         if not spans:
             continue
-        start = float(e["ts"])
-        end = start + float(e.get("dur", 0.0))
+        start = event_time(e, "ts", index)
+        end = start + event_time(e, "dur", index)
         i = bisect.bisect_right(firsts[thread], start + _TOLERANCE_US) - 1
         if i < 0 or end > spans[i][1] + _TOLERANCE_US:
             continue
@@ -342,26 +486,57 @@ def _waits(events: Iterable[Mapping[str, Any]],
 # --------------------------------------------------------------------------- files
 
 
-def trace_files(folder: str | pathlib.Path) -> list[tuple[str, int]]:
-    """``(path relative to folder, bytes)`` of every file a trace wrote under ``folder``."""
-    root = pathlib.Path(folder)
+def _trace_folder(folder: Any) -> pathlib.Path:
+    """``folder`` as a path to an existing folder that holds a trace
+    (``plugins/profile/``): '' and Path('') (the current directory, unnamed), a file or a
+    folder no trace was written to are refused."""
+    root = checks.path("folder", folder, what="the folder given to jax.profiler.trace")
+    if not root.parts:  # Path('') and '.' are both Path('.')
+        raise checks.InputError(
+            f"folder must name a folder, got {checks.value_text(folder)}, the current directory "
+            "unnamed; pass it explicitly (os.getcwd()) if the trace is there.")
+    if root.is_file():
+        raise checks.InputError(f"folder {str(folder)!r} is a file; give the folder that was "
+                                "passed to jax.profiler.trace.")
     if not root.is_dir():
-        raise checks.InputError(f"{str(folder)!r} is not a folder.")
+        raise checks.InputError(f"folder {str(folder)!r} is not a folder.")
+    if not (root / "plugins" / "profile").is_dir():
+        raise TraceInputError(f"folder {str(folder)!r} holds no plugins/profile/: was "
+                              "jax.profiler.trace given this folder?")
+    return root
+
+
+def trace_files(folder: str | pathlib.Path) -> list[tuple[str, int]]:
+    """``(path relative to folder, bytes)`` of every file a trace wrote under ``folder``
+    (its ``plugins/profile/`` tree)."""
+    root = _trace_folder(folder)
     return sorted((str(p.relative_to(root)), p.stat().st_size)
-                  for p in root.rglob("*") if p.is_file())
+                  for p in (root / "plugins" / "profile").rglob("*") if p.is_file())
 
 
 def read_events(folder: str | pathlib.Path) -> list[dict[str, Any]]:
     """The ``traceEvents`` of the newest ``*.trace.json.gz`` under ``folder`` (what
-    ``jax.profiler.trace(folder)`` wrote; the perfetto copy holds the same events)."""
-    root = pathlib.Path(folder)
+    ``jax.profiler.trace(folder)`` wrote; the perfetto copy holds the same events).
+
+    A file that is not gzipped JSON with a ``traceEvents`` list of dicts is refused with a
+    :class:`TraceInputError` naming it."""
+    root = _trace_folder(folder)
     files = sorted(root.glob("plugins/profile/*/*.trace.json.gz"),
                    key=lambda p: p.stat().st_mtime)
     if not files:
-        raise TraceError(f"no plugins/profile/*/*.trace.json.gz under {str(folder)!r}: "
-                         "was jax.profiler.trace given this folder?")
-    with gzip.open(files[-1], "rt") as handle:
-        return list(json.load(handle)["traceEvents"])
+        raise TraceInputError(f"no plugins/profile/*/*.trace.json.gz under {str(folder)!r}: "
+                              "was jax.profiler.trace given this folder?")
+    try:
+        with gzip.open(files[-1], "rt") as handle:
+            data = json.load(handle)
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as error:
+        raise TraceInputError(f"the trace file {str(files[-1])!r} is damaged: it is not "
+                              f"gzipped JSON ({type(error).__name__}: {error}).") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise TraceInputError(f"the trace file {str(files[-1])!r} is damaged: it has no "
+                              "traceEvents list of event dicts.")
+    return events
 
 
 # --------------------------------------------------------------------------- capture
