@@ -64,7 +64,7 @@ def test_steps_hold_their_numbers_and_regions_sit_inside_them(traced):
     assert [(s.name, s.step_num) for s in found] == [("train", 0), ("train", 1), ("train", 2)]
     regions = annotations.host_spans(blocked, "dispatch")
     assert len(regions) == 3
-    for step, region in zip(found, regions):
+    for step, region in zip(found, regions, strict=True):
         assert step.start_us <= region.start_us and region.end_us <= step.end_us + 0.01
     assert annotations.host_spans(blocked, "inside_jit") == []  # traced once, before
 

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
-from spmd_guide.profiling.tracing import Trace, capture, counts_text
+from spmd_guide.profiling.tracing import MAX_REPEATS, Trace, capture, counts_text
 
 __all__ = [
     "MAX_DELAY_MS", "MemoryAfterStep", "call_times", "counts_row", "live_bytes", "memory_after_step", "stage_times",
@@ -48,6 +48,7 @@ def counts_row(label: str, fn: Callable[..., Any], *args: Any, repeats: int = 2
     """One row of the page's check: the collectives the compiled program of ``fn`` holds,
     those one device executed per run in a trace of it, and whether they agree."""
     checks.text("label", label)
+    repeats = checks.count("repeats", repeats, maximum=MAX_REPEATS)
     compiled = hlo.compile(fn, *args)  # once: the trace runs this very executable
     held = hlo.count_kinds(hlo.collectives_in_text(compiled.as_text()))
     traced = capture(compiled, *args, repeats=repeats).collective_counts()
