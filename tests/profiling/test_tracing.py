@@ -167,6 +167,9 @@ def test_shape_structs_and_donated_arguments_are_refused():
 
 
 def test_reading_a_folder_without_a_trace_fails_clearly(tmp_path):
+    with pytest.raises(tracing.TraceError, match="plugins/profile"):
+        tracing.read_events(tmp_path)
+    (tmp_path / "plugins" / "profile" / "run").mkdir(parents=True)
     with pytest.raises(tracing.TraceError, match="trace.json.gz"):
         tracing.read_events(tmp_path)
     with pytest.raises(checks.InputError, match="not a folder"):
@@ -243,7 +246,7 @@ def test_disagreeing_devices_or_runs_raise():
                                             and e["args"].get("device_ordinal") == "1")]
     with pytest.raises(tracing.TraceError, match="devices"):
         tracing.Trace.from_events(missing, _PROGRAM).collective_counts()
-    with pytest.raises(tracing.TraceError, match="expected 3 runs"):
+    with pytest.raises(tracing.TraceError, match="runs=3 runs of 'jit_f' were expected"):
         tracing.Trace.from_events(_events(), _PROGRAM, runs=3)
     with pytest.raises(tracing.TraceError, match="does not hold"):
         tracing.Trace.from_events(_events(), _PROGRAM.replace("fusion.1", "fusion.2"))
