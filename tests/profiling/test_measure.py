@@ -26,11 +26,12 @@ def test_the_devices_with_less_work_wait_for_the_straggler():
     lined_up, last = measure.waits_per_collective(trace).values()
     assert set(last) == {0, 1, 2, 3}
     # At the last all-reduce the others wait for the straggler's loop, more than it waits;
-    # each waits the gap between its arrival and the straggler's, so at most about the
-    # straggler's compute (less on shared cores, where its compute slows the others too).
+    # each waits the gap between its arrival and the straggler's: of the order of the
+    # straggler's compute, not equal to it on shared cores (the page's stated range).
     others = sorted(last[d] for d in (0, 1, 3))
     assert others[1] > last[2], last
-    assert others[1] < 1.2 * rows[2]["compute_us"] + 1000, (last, rows[2])
+    assert 0.25 * rows[2]["compute_us"] < others[1] < 2 * rows[2]["compute_us"] + 1000, (
+        last, rows[2])
 
 
 def test_a_straggler_that_takes_no_cpu_makes_the_others_wait_its_delay():

@@ -319,3 +319,30 @@ def test_xla_cpu_facts_the_pages_state():
     assert hlo.count_kinds(auto)["reduce-scatter"] == 0
     assert hlo.count_kinds(auto)["all-reduce"] >= 1
     assert hlo.count_kinds(hlo.collectives_in_text(texts["fsdp"]))["reduce-scatter"] >= 1
+
+
+def test_a_rendezvous_names_its_run_but_not_its_device(tmp_path):
+    """What the page says of XLA:CPU's Rendezvous events: no device_ordinal or run_id field;
+    the run id sits in the name arg and equals the run of the collective around it."""
+    fn, args = _shard_map_program(4, explicit=False)
+    compiled = hlo.compile(fn, *args)
+    jax.block_until_ready(compiled(*args))
+    with jax.profiler.trace(str(tmp_path)):
+        jax.block_until_ready(compiled(*args))
+    events = tracing.read_events(tmp_path)
+    module = tracing.opcodes_of(compiled)[0]
+    collectives = [e for e in events if (e.get("args") or {}).get("hlo_module") == module
+                   and e["args"]["hlo_op"] in {o for o, k in
+                                               tracing.opcodes_of(compiled)[1].items()
+                                               if tracing.op_kind(k) == "collective"}]
+    waits = [e for e in events if e.get("name") == "Rendezvous"]
+    assert waits and collectives
+    matched = 0
+    for w in waits:
+        assert "device_ordinal" not in w["args"] and "run_id" not in w["args"]
+        around = [c for c in collectives if c["tid"] == w["tid"]
+                  and c["ts"] <= w["ts"] + 0.01 and w["ts"] + w["dur"] <= c["ts"] + c["dur"] + 0.01]
+        if around:
+            assert f"run_id=RunId: {around[0]['args']['run_id']}," in w["args"]["name"]
+            matched += 1
+    assert matched >= len(waits) // 2
