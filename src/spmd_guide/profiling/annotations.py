@@ -27,7 +27,8 @@ import jax
 
 from spmd_guide.core import checks
 from spmd_guide.core.hlo_text import program_text
-from spmd_guide.profiling.tracing import Trace, TraceInputError, check_events, event_time
+from spmd_guide.profiling.events import TraceInputError, check_events, event_time
+from spmd_guide.profiling.tracing import Trace
 
 __all__ = ["Span", "StepAlignment", "align_steps", "alignment_rows", "host_spans", "scopes_of",
            "steps", "time_in_scopes"]

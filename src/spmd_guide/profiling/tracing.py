@@ -38,9 +38,6 @@ What this module makes of it (:class:`Trace`):
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
-import pathlib
 import re
 import tempfile
 from collections import Counter
@@ -54,6 +51,14 @@ from spmd_guide.core import checks, hlo
 from spmd_guide.core.display import Table
 from spmd_guide.core.hlo_text import _OPCODES, KINDS, parse_module, program_text
 from spmd_guide.core.timeline import draw_timeline
+from spmd_guide.profiling.events import (
+    TraceError,
+    TraceInputError,
+    check_events,
+    event_time,
+    read_events,
+    trace_files,
+)
 
 __all__ = [
     "HLO_OPCODES", "KINDS_OF_OP", "MAX_REPEATS", "Op", "Trace", "TraceError", "TraceInputError",
@@ -91,16 +96,6 @@ select select-and-scatter send send-done set-dimension-size shift-left shift-rig
 shift-right-logical shuffle sign sine sinh slice sort sqrt stochastic-convert subtract tan
 tanh topk transpose triangular-solve tuple while xor
 """.split())
-
-
-class TraceError(RuntimeError):
-    """The trace does not say what the check needs (devices or runs disagree, runs are
-    missing, an op is not in the compiled program)."""
-
-
-class TraceInputError(TraceError, checks.InputError):
-    """What the caller gave does not make a trace of the program: events or a file that are
-    not a trace, a trace of another compilation or of another device count."""
 
 
 def op_kind(opcode: str) -> str:
@@ -367,32 +362,6 @@ def counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "no collectives"
 
 
-def check_events(events: Any) -> Sequence[Mapping[str, Any]]:
-    """``events`` if it is a list of TraceEvent dicts (what :func:`read_events` returns)."""
-    if isinstance(events, (str, bytes, Mapping)) or not isinstance(events, Sequence):
-        raise checks.InputTypeError(
-            f"events must be a list of TraceEvent dicts (read_events(folder)), got "
-            f"{checks.value_text(events)}.")
-    for i, e in enumerate(events):
-        if not isinstance(e, Mapping):
-            raise checks.InputTypeError(
-                f"events[{i}] must be a TraceEvent dict, got {checks.value_text(e)}.")
-    return events
-
-
-def event_time(e: Mapping[str, Any], key: str, i: int) -> float:
-    """A finite ``ts``/``dur`` of event ``i``, or a :class:`TraceInputError` naming it."""
-    try:
-        value = float(e[key])
-    except (KeyError, TypeError, ValueError):
-        value = float("nan")
-    if value != value or value in (float("inf"), float("-inf")) or (key == "dur" and value < 0):
-        raise TraceInputError(f"events[{i}] ({e.get('name')!r}) has {key}="
-                              f"{checks.value_text(e.get(key))}, not a time in µs: is this a "
-                              "trace jax.profiler wrote?")
-    return value
-
-
 def _parse(events: Sequence[Mapping[str, Any]], module: str, opcodes: Mapping[str, str],
            runs: int | None, n_devices: int = 0) -> Trace:
     raw = []  # (index, event, device, name, run id, ts, dur)
@@ -481,62 +450,6 @@ def _waits(events: Iterable[Mapping[str, Any]],
                             owner.run, owner.opcode))
             last_end = end
     return waits
-
-
-# --------------------------------------------------------------------------- files
-
-
-def _trace_folder(folder: Any) -> pathlib.Path:
-    """``folder`` as a path to an existing folder that holds a trace
-    (``plugins/profile/``): '' and Path('') (the current directory, unnamed), a file or a
-    folder no trace was written to are refused."""
-    root = checks.path("folder", folder, what="the folder given to jax.profiler.trace")
-    if not root.parts:  # Path('') and '.' are both Path('.')
-        raise checks.InputError(
-            f"folder must name a folder, got {checks.value_text(folder)}, the current directory "
-            "unnamed; pass it explicitly (os.getcwd()) if the trace is there.")
-    if root.is_file():
-        raise checks.InputError(f"folder {str(folder)!r} is a file; give the folder that was "
-                                "passed to jax.profiler.trace.")
-    if not root.is_dir():
-        raise checks.InputError(f"folder {str(folder)!r} is not a folder.")
-    if not (root / "plugins" / "profile").is_dir():
-        raise TraceInputError(f"folder {str(folder)!r} holds no plugins/profile/: was "
-                              "jax.profiler.trace given this folder?")
-    return root
-
-
-def trace_files(folder: str | pathlib.Path) -> list[tuple[str, int]]:
-    """``(path relative to folder, bytes)`` of every file a trace wrote under ``folder``
-    (its ``plugins/profile/`` tree)."""
-    root = _trace_folder(folder)
-    return sorted((str(p.relative_to(root)), p.stat().st_size)
-                  for p in (root / "plugins" / "profile").rglob("*") if p.is_file())
-
-
-def read_events(folder: str | pathlib.Path) -> list[dict[str, Any]]:
-    """The ``traceEvents`` of the newest ``*.trace.json.gz`` under ``folder`` (what
-    ``jax.profiler.trace(folder)`` wrote; the perfetto copy holds the same events).
-
-    A file that is not gzipped JSON with a ``traceEvents`` list of dicts is refused with a
-    :class:`TraceInputError` naming it."""
-    root = _trace_folder(folder)
-    files = sorted(root.glob("plugins/profile/*/*.trace.json.gz"),
-                   key=lambda p: p.stat().st_mtime)
-    if not files:
-        raise TraceInputError(f"no plugins/profile/*/*.trace.json.gz under {str(folder)!r}: "
-                              "was jax.profiler.trace given this folder?")
-    try:
-        with gzip.open(files[-1], "rt") as handle:
-            data = json.load(handle)
-    except (OSError, EOFError, UnicodeDecodeError, ValueError) as error:
-        raise TraceInputError(f"the trace file {str(files[-1])!r} is damaged: it is not "
-                              f"gzipped JSON ({type(error).__name__}: {error}).") from None
-    events = data.get("traceEvents") if isinstance(data, dict) else None
-    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
-        raise TraceInputError(f"the trace file {str(files[-1])!r} is damaged: it has no "
-                              "traceEvents list of event dicts.")
-    return events
 
 
 # --------------------------------------------------------------------------- capture
