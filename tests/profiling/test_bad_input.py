@@ -115,7 +115,7 @@ def test_a_trace_of_the_program_on_another_device_count_is_refused():
     with jax.profiler.trace(folder):
         jax.block_until_ready(compiled1(one))
     events = tracing.read_events(folder)
-    with pytest.raises(tracing.TraceInputError, match="another mesh|does not hold"):
+    with pytest.raises(tracing.TraceInputError, match="ran on 1 device.*spans 4.*another mesh"):
         tracing.Trace.from_events(events, compiled4)
 
 
@@ -170,3 +170,16 @@ def test_a_hand_built_trace_checks_its_fields():
     with pytest.raises(checks.InputError, match="label"):
         measure.counts_row(3, jnp.sin, jnp.ones(2))
     assert annotations.steps([]) == []
+
+
+def test_a_trace_on_fewer_devices_than_the_program_spans_is_refused():
+    """Same names, same module: only the device count tells the two compilations apart."""
+    from test_tracing import _PROGRAM, _events
+
+    assert tracing.device_count_of(_PROGRAM) == 2
+    assert tracing.Trace.from_events(_events(), _PROGRAM).devices == [0, 1]
+    four = _PROGRAM.replace("num_partitions=2", "num_partitions=4")
+    with pytest.raises(tracing.TraceInputError, match="ran on 2 device.*spans 4"):
+        tracing.Trace.from_events(_events(), four)
+    replicas = _PROGRAM.replace("num_partitions=2", "replica_count=2, num_partitions=2")
+    assert tracing.device_count_of(replicas) == 4
