@@ -101,16 +101,23 @@ def problems() -> list[Problem]:
     compute, comm = formulas.collective_matmul_times(4 * round(rows / 4), 8192, 8192, 4,
                                                      "tpu-v5e")
     best = formulas.overlap_speedup(compute, comm, ways=4)
+    one_way = formulas.ring_matmul_balance_rows(4, "tpu-v5e", one_way=True)
+    slow = formulas.overlap_speedup(*formulas.collective_matmul_times(
+        4 * round(rows / 4), 8192, 8192, 4, "tpu-v5e", one_way=True), ways=4)
     out.append(Problem(
-        "overlap", "The all-gather collective matmul (allgather_overlapped) on a ring of 4 TPU "
-        "v5e chips (a 2x2 slice, whose 4 chips close a cycle; bf16): for how many rows m "
-        "does overlapping pay the most, and how much?",
+        "overlap", "The bidirectional all-gather collective matmul (allgather_bidi) on a "
+        "ring of 4 TPU v5e chips (a 2x2 slice, whose 4 chips close a cycle; bf16): for how "
+        "many rows m does overlapping pay the most, and how much?",
         "It does 4 block matmuls (2*m*k*n/16 FLOPs each) and 3 block transfers (k*n/4 "
-        "elements each), each transfer beside the previous block's matmul; the last matmul "
-        "has nothing left to hide. The gain is largest where one block's matmul takes as "
-        f"long as one transfer: m = 4 * 2/2 * {v5e.comm_ridge:.0f} = {rows:.0f} rows. There "
-        f"the step takes the compute time alone instead of compute plus transfers: speedup "
-        f"{best:.2f} = (2n-1)/n for n = 4, not 2; far from it, little gain.", rows))
+        "elements each, half each way round, so both links of the axis carry them: the "
+        "chips file's rate), each transfer beside the previous block's matmul; the last "
+        "matmul has nothing left to hide. The gain is largest where one block's matmul takes "
+        f"as long as one transfer: m = 4 * 2/2 * {v5e.comm_ridge:.0f} = {rows:.0f} rows. "
+        "There the step takes the compute time alone instead of compute plus transfers: "
+        f"speedup {best:.2f} = (2n-1)/n for n = 4, not 2; far from it, little gain. The "
+        "one-way allgather_overlapped uses one link, so its balance lies at "
+        f"{one_way:.0f} rows, and at m = {rows:.0f} it gains only "
+        f"{slow:.2f}.", rows))
     decode = 7e9 * 2 / h200.hbm_bandwidth
     out.append(Problem(
         "decode", "Generating one token with a 7B bf16 model on one H200 reads every weight "

@@ -143,6 +143,51 @@ def ranking(predictions: Sequence[Prediction], chip: str) -> list[str]:
     return [p.strategy for p in sorted(rows, key=lambda p: p.estimate.step_s)]
 
 
+def leaders(predictions: Sequence[Prediction], chip: str, *, places: int = 2) -> list[str]:
+    """The strategies in the first ``places`` places on ``chip``, fastest first, where
+    strategies whose predicted steps are equal (to 1 part in 10^9) share a place: ``dp`` and
+    ``auto_dp``, which send the same bytes over the same group, tie, and both are listed."""
+    places = checks.count("places", places)
+    _, rows = _for_chip(predictions, chip)
+    ordered = sorted(rows, key=lambda p: p.estimate.step_s)
+    times: list[float] = []
+    out = []
+    for p in ordered:
+        if not any(math.isclose(p.estimate.step_s, s, rel_tol=1e-9) for s in times):
+            if len(times) == places:
+                break
+            times.append(p.estimate.step_s)
+        out.append(p.strategy)
+    return out
+
+
+def tie_factor(counts_by_name: Mapping[str, roofline.Counts], chip: str, name: str,
+               other: str) -> float:
+    """The price of a scattered group (times a ring's time; :data:`hardware.SHAPE_FACTORS`
+    says 2) at which strategy ``name``'s predicted step (bf16 bytes) equals ``other``'s:
+    above it ``other`` is faster. Only ``name``'s scattered groups on ``chip`` change with
+    the price; ``inf`` when ``name`` never catches up, 1 when it leads at a ring's price."""
+    if not isinstance(counts_by_name, Mapping):
+        raise checks.InputTypeError(
+            f"counts_by_name must be a dict of strategy name -> roofline.Counts, got "
+            f"{type(counts_by_name).__name__}.")
+    spec = hardware.get_chip(chip)
+    name, other = (hardware.choice(n, v, counts_by_name) for n, v in
+                   (("name", name), ("other", other)))
+    work, target = counts_by_name[name], roofline.estimate(counts_by_name[other], spec,
+                                                            byte_scale=0.5).step_s
+    mine = roofline.estimate(work, spec, byte_scale=0.5)
+    scattered = sum(sent for groups, sent in work.sent_by_groups.items()
+                    if "scattered" in (hardware.layout_shapes(spec, work.mesh_shape, groups)
+                                       or ()))
+    per_unit = scattered * 0.5 / spec.interconnect_bandwidth
+    floor = max(mine.compute_s, mine.memory_s)
+    if floor >= target or not per_unit:
+        return math.inf if mine.step_s > target else 1.0
+    at_two = hardware.SHAPE_FACTORS["scattered"]
+    return max(1.0, at_two + (target - mine.comm_s) / per_unit)
+
+
 def first_places(predictions: Sequence[Prediction]) -> str:
     """How many chips each strategy is predicted fastest on, for a sentence:
     ``"auto_dp_tp on 1, tp on 6"`` (strategies in alphabetical order)."""
