@@ -75,7 +75,7 @@ ROWS = axes.traffic(MODEL, {"data": 2, "tensor": 2})
 PROMPT = np.array([[1, 2, 3]], np.int32)
 TRAY = tpu_ring.tpu_v3_tray()
 SAVED = checkpoint.save(f"{WORK}/ck", {"w": np.arange(4.0)}, step=1).parent
-RES = results.save(f"{WORK}/r.json", benchmark="b", command="c", settings={}, rows=[{"a": 1}])
+RES = results.save(f"{WORK}/r.json", benchmark="b", command=["c"], settings={}, rows=[{"a": 1}])
 CM = ring_costs.compile_variant("allgather", X8, X8, M2, "x")
 SCHED = schedules.build_schedule("gpipe", 2, 2)
 WORK_COUNTS = roofline.Counts(flops=1e9, bytes_accessed=1e6, comm_bytes=1e5)
@@ -482,14 +482,14 @@ BAD.update({
         {"a": "x"}, chips=("tpu-v4",)),
     # ---- results
     "results: save rows str": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                   command="c", settings={}, rows="rows"),
+                                                   command=["c"], settings={}, rows="rows"),
     "results: save benchmark 3": lambda: results.save(f"{WORK}/a.json", benchmark=3,
-                                                      command="c", settings={}, rows=[]),
+                                                      command=["c"], settings={}, rows=[]),
     "results: save settings list": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                        command="c", settings=[1], rows=[]),
+                                                        command=["c"], settings=[1], rows=[]),
     "results: save rows of ints": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                       command="c", settings={}, rows=[1, 2]),
-    "results: save path int": lambda: results.save(3, benchmark="b", command="c", settings={},
+                                                       command=["c"], settings={}, rows=[1, 2]),
+    "results: save path int": lambda: results.save(3, benchmark="b", command=["c"], settings={},
                                                    rows=[]),
     "results: load missing": lambda: results.load(f"{WORK}/missing.json"),
     "results: load None": lambda: results.load(None),
@@ -760,7 +760,7 @@ VALID = {
         settings={"n": np.int64(2)}, rows=[{"t": np.float32(0.5), "n": np.int64(3)}]),
     "results: load path str": lambda: results.load(str(RES)),
     "results: NaN propagates (documented)": lambda: math.isnan(results.load(results.save(
-        f"{WORK}/nan.json", benchmark="b", command="c", settings={},
+        f"{WORK}/nan.json", benchmark="b", command=["c"], settings={},
         rows=[{"t": NAN}])).rows[0]["t"]) or 1 / 0,
     "cheat_sheet: spec_text numpy ndim": lambda: cheat_sheet.spec_text(
         jax.sharding.NamedSharding(M2, jax.P("x")), np.int64(2)),

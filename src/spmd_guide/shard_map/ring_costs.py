@@ -108,8 +108,9 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
     other collectives count as ``other``. (On a ring of 2 both neighbours
     are the same device; everything then counts as ``forward``.)
 
-    A send is a step round the ring when its device ids differ by one (or
-    wrap from the last device to the first). Sends that go round a ring of
+    A send is a step round the ring when its positions (in the program's
+    device list, which the HLO pairs name) differ by one (or wrap from the
+    last position to the first). Sends that go round a ring of
     another size than ``ring``, or ops none of whose collectives run over ``ring`` devices,
     raise ``InputError``: ``ring`` is wrong.
     """
