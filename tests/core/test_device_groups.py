@@ -397,5 +397,5 @@ def test_sub_axes_and_iota_device_ids_parse_to_xlas_recipe(case):
 ])
 def test_replica_groups_text_refuses_broken_values(text, word):
     """Bad-input audit D: an unbalanced or empty value used to come back as text."""
-    with pytest.raises(InputError, match=word):
+    with pytest.raises(checks.InputError, match=word):
         device_groups.replica_groups_text(text)

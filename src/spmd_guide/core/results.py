@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import re
 import pathlib
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
