@@ -39,12 +39,18 @@ class CompiledMatmul:
         return self.program(self.lhs, self.rhs)
 
 
+def is_bidi(name: str) -> bool:
+    """Whether variant ``name`` sends half of each block each way round (its blocks are
+    halves: twice as many as the ring has devices)."""
+    return "_bidi" in name
+
+
 def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
                     axis_name: str) -> CompiledMatmul:
     """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
     matmul = variant(name)
     ring = axis_size(mesh, axis_name)
-    bidi = 2 if name.endswith("bidi") else 1
+    bidi = 2 if is_bidi(name) else 1
     check_shapes(lhs, rhs, rows_by=ring * (bidi if name.startswith("reduce") else 1),
                  contraction_by=ring * (bidi if name.startswith("allgather") else 1))
     lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
@@ -75,7 +81,7 @@ def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
     itemsize = checks.one_of("itemsize (bytes per element)",
                              checks.count("itemsize", itemsize), ITEMSIZES)
     ring = checks.count("ring", ring, maximum=checks.MAX_DEVICES)
-    blocks = ring * (2 if name.endswith("bidi") else 1)
+    blocks = ring * (2 if is_bidi(name) else 1)
     if name.startswith("allgather"):
         checks.divisible("k (rows of rhs)", k, blocks, why=f"into the blocks of {name} on {ring}")
     else:
@@ -317,7 +323,7 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
         if name == "allgather_overlapped":
             blocks = tuple(((d - s) % ring,) for d in devices)
             sends = forward
-        elif name == "allgather_bidi":
+        elif name.startswith("allgather_bidi"):
             blocks = tuple(((d - s) % ring, (d + s) % ring) for d in devices)
             sends = forward + backward
         elif name == "reduce_scatter_overlapped":
@@ -359,7 +365,7 @@ def draw_ring(name: str, ring: int, **options: Any) -> Any:
         what = "the rhs block each device multiplies"
     else:
         what = "the output row block each device adds to"
-    if name.endswith("bidi"):
+    if is_bidi(name):
         what += (" (forward half, backward half)" if gather
                  else " (top half, bottom half)")
     panels = [Panel(step.title, [list(b) for b in step.blocks],
