@@ -496,15 +496,6 @@ def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
 
 
 
-def _dots(program):
-    """(dots, their shapes) in a compiled program's text: every dot instruction, fused or not."""
-    import re
-
-    text = program.as_text()
-    shapes = re.findall(r"= (\w+\[[\d,]*\])\{?[^ ]* dot\(", text)
-    return len(shapes), shapes
-
-
 @pytest.mark.parametrize("ring", [2, 4, 8])
 def test_fused_bidi_runs_one_full_size_dot_per_step(ring):
     """Lesson 9: allgather_bidi runs two half-size dots per step, allgather_bidi_fused one
@@ -513,10 +504,9 @@ def test_fused_bidi_runs_one_full_size_dot_per_step(ring):
     half, fused = (compiled(name, ring, shape) for name in ("allgather_bidi", "allgather_bidi_fused"))
     for program, expected in (half, fused):
         np.testing.assert_array_equal(np.asarray(program()), expected)
-    n_half, _ = _dots(half[0].program)
-    n_fused, fused_shapes = _dots(fused[0].program)
-    assert n_half == 2 * ring and n_fused == ring
-    assert set(fused_shapes) == {f"f32[{shape[0] // ring},{shape[2]}]"}
+    m, k, n = shape[0] // ring, shape[1] // ring, shape[2]
+    assert ring_costs.dot_shapes(half[0]) == [f"({m}, {k // 2}) @ ({k // 2}, {n})"] * 2 * ring
+    assert ring_costs.dot_shapes(fused[0]) == [f"({m}, {k}) @ ({k}, {n})"] * ring
     sent = [sum(op.bytes_sent for op in hlo.collectives(p[0].program)) for p in (half, fused)]
     assert sent[0] == sent[1] > 0
     # The same matmul FLOPs, 2 (M/n) K N per device; the fused form adds its partial

@@ -198,6 +198,27 @@ def _matmul_steps(compiled: CompiledMatmul) -> list[tuple[Any, bool]]:
     return [(ins, is_matmul(ins)) for ins in module.computations[module.entry]]
 
 
+def dot_shapes(compiled: CompiledMatmul) -> list[str]:
+    """The matmuls of a compiled variant, one ``"(a, b) @ (b, c)"`` per ``dot`` instruction
+    of its program (fused or not), read from the program's HLO: how many matmuls it runs
+    and how big each is."""
+    from spmd_guide.core.hlo_text import parse_module, program_text
+
+    if not isinstance(compiled, CompiledMatmul):
+        raise checks.InputTypeError(
+            f"compiled must come from compile_variant(name, lhs, rhs, mesh, axis_name), "
+            f"got {compiled!r:.60}.")
+    module = parse_module(program_text(compiled.program))
+    found = []
+    for instructions in module.computations.values():
+        table = {ins.name: ins for ins in instructions}
+        for ins in instructions:
+            if ins.opcode == "dot":
+                a, b = (table[name].result[0].shape for name in ins.operands[:2])
+                found.append(f"{tuple(a)} @ {tuple(b)}")
+    return found
+
+
 def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
     """``(before, total)``: how many of the program's matmuls its schedule runs before the
     first transfer, and how many it has. Compiled modules are scheduled
