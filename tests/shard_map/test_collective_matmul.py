@@ -514,3 +514,25 @@ def test_fused_bidi_runs_one_full_size_dot_per_step(ring):
     flops = [p[0].program.cost_analysis()["flops"] for p in (half, fused)]
     dots = 2 * shape[0] // ring * shape[1] * shape[2]
     assert dots <= flops[1] < flops[0] < 1.5 * dots
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, known", [
+    ("--xla_gpu_disable_async_collectives=COLLECTIVEPERMUTE", True),
+    ("--xla_gpu_threshold_for_windowed_einsum_mib=0", True),
+    ("--xla_gpu_enable_async_collective_permute=true", False),
+    ("--xla_gpu_enable_async_collectives=true", False),
+])
+def test_the_gpu_flags_the_page_names_are_this_jaxlib_s(flag, known):
+    """Review T5-W1: the page names the flags this jaxlib's XLA knows, and says the old
+    enable flags stop JAX at start-up ("Unknown flag in XLA_FLAGS"), on any backend."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "import jax; jax.numpy.ones(2).sum()"],
+                         env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flag},
+                         capture_output=True, text=True, timeout=120)
+    assert (run.returncode == 0) is known, run.stderr[-400:]
+    if not known:
+        assert "Unknown flag in XLA_FLAGS" in run.stderr
