@@ -35,7 +35,7 @@ from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import tpu_ring  # noqa: E402
 from spmd_guide.nn import cheat_sheet, which_strategy  # noqa: E402
 from spmd_guide.pipeline import axes, moe, pipeline, schedules  # noqa: E402
-from spmd_guide.rooflines import formulas, hardware, roofline, roofline_pages  # noqa: E402
+from spmd_guide.rooflines import figures, formulas, hardware, roofline, strategies  # noqa: E402
 from spmd_guide.serving import serving  # noqa: E402
 from spmd_guide.shard_map import ring_costs  # noqa: E402
 from spmd_guide.transformer import attention, breakdown, lm, memory, pricing  # noqa: E402
@@ -75,11 +75,11 @@ ROWS = axes.traffic(MODEL, {"data": 2, "tensor": 2})
 PROMPT = np.array([[1, 2, 3]], np.int32)
 TRAY = tpu_ring.tpu_v3_tray()
 SAVED = checkpoint.save(f"{WORK}/ck", {"w": np.arange(4.0)}, step=1).parent
-RES = results.save(f"{WORK}/r.json", benchmark="b", command="c", settings={}, rows=[{"a": 1}])
+RES = results.save(f"{WORK}/r.json", benchmark="b", command=["c"], settings={}, rows=[{"a": 1}])
 CM = ring_costs.compile_variant("allgather", X8, X8, M2, "x")
 SCHED = schedules.build_schedule("gpipe", 2, 2)
 WORK_COUNTS = roofline.Counts(flops=1e9, bytes_accessed=1e6, comm_bytes=1e5)
-PRED = roofline_pages.predict_strategies({"dp": WORK_COUNTS}, chips=("tpu-v4",))
+PRED = strategies.predict_strategies({"dp": WORK_COUNTS}, chips=("tpu-v4",))
 ROUTING = moe.route(MOE, X8, top_k=1, capacity_factor=1.0)
 
 BAD: dict[str, object] = {}
@@ -129,7 +129,7 @@ battery("roofline: ring_time", formulas.ring_time, (1e6, 4, "tpu-v4"), {}, 0, NO
 batteries("roofline: tp_max_ways", formulas.tp_max_ways, ("tpu-v4", 8192), {}, counts=(1,))
 battery("roofline: overlap", formulas.overlapped_time, (1.0, 0.5), {}, 0, NONNEGATIVE_BAD)
 batteries("roofline: mlp_flops", formulas.mlp_matmul_flops, ([8, 16, 8], 4), {}, counts=(1,))
-batteries("roofline_pages: how_many", roofline_pages.how_many, (3, 8), {}, counts=(1,))
+batteries("roofline_pages: how_many", strategies.how_many, (3, 8), {}, counts=(1,))
 batteries("which_strategy: recommend", which_strategy.recommend, (10**9, 16 * 10**9),
           dict(batch=64, n_devices=8), counts=(0, "n_devices"), reals=("memory_fraction",))
 batteries("which_strategy: state", which_strategy.training_state_bytes, (1000,), {},
@@ -457,39 +457,39 @@ BAD.update({
     "roofline: elementwise batch 0": lambda: formulas.mlp_elementwise_flops([8, 16], 0),
     "roofline: elementwise sizes float": lambda: formulas.mlp_elementwise_flops([8, 16.5], 4),
     # ---- roofline_pages
-    "roofline_pages: strategy unknown": lambda: roofline_pages.strategy_counts("ddp"),
-    "roofline_pages: strategy sizes 1": lambda: roofline_pages.strategy_counts(
+    "roofline_pages: strategy unknown": lambda: strategies.strategy_counts("ddp"),
+    "roofline_pages: strategy sizes 1": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8,)),
-    "roofline_pages: strategy batch 0": lambda: roofline_pages.strategy_counts("dp", batch=0),
-    "roofline_pages: strategy batch indivisible": lambda: roofline_pages.strategy_counts(
+    "roofline_pages: strategy batch 0": lambda: strategies.strategy_counts("dp", batch=0),
+    "roofline_pages: strategy batch indivisible": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8, 8), batch=7),
-    "roofline_pages: strategy devices str": lambda: roofline_pages.strategy_counts(
+    "roofline_pages: strategy devices str": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8, 8), batch=8, devices="cpu"),
-    "roofline_pages: predict not counts": lambda: roofline_pages.predict_strategies(
+    "roofline_pages: predict not counts": lambda: strategies.predict_strategies(
         {"dp": 3.0}, chips=("tpu-v4",)),
-    "roofline_pages: predict chip": lambda: roofline_pages.predict_strategies(
+    "roofline_pages: predict chip": lambda: strategies.predict_strategies(
         {"dp": WORK_COUNTS}, chips=("tpu-v7",)),
-    "roofline_pages: predict list": lambda: roofline_pages.predict_strategies([WORK_COUNTS]),
-    "roofline_pages: ranking chip absent": lambda: roofline_pages.ranking(PRED, "h100-sxm"),
-    "roofline_pages: ranking chip unknown": lambda: roofline_pages.ranking(PRED, "v4"),
-    "roofline_pages: rows str": lambda: roofline_pages.prediction_rows("preds", "tpu-v4"),
-    "roofline_pages: chip_for str": lambda: roofline_pages.chip_for("tpu"),
-    "roofline_pages: how_many count > total": lambda: roofline_pages.how_many(9, 8),
-    "roofline_pages: how_many -1": lambda: roofline_pages.how_many(-1, 8),
-    "roofline_pages: plot_curves mismatch": lambda: roofline_pages.plot_curves(
+    "roofline_pages: predict list": lambda: strategies.predict_strategies([WORK_COUNTS]),
+    "roofline_pages: ranking chip absent": lambda: strategies.ranking(PRED, "h100-sxm"),
+    "roofline_pages: ranking chip unknown": lambda: strategies.ranking(PRED, "v4"),
+    "roofline_pages: rows str": lambda: strategies.prediction_rows("preds", "tpu-v4"),
+    "roofline_pages: chip_for str": lambda: strategies.chip_for("tpu"),
+    "roofline_pages: how_many count > total": lambda: strategies.how_many(9, 8),
+    "roofline_pages: how_many -1": lambda: strategies.how_many(-1, 8),
+    "roofline_pages: plot_curves mismatch": lambda: figures.plot_curves(
         np.arange(4), {"a": np.arange(3)}, xlabel="x", ylabel="y"),
-    "roofline_pages: plot_rooflines bad point": lambda: roofline_pages.plot_rooflines(
+    "roofline_pages: plot_rooflines bad point": lambda: figures.plot_rooflines(
         {"a": "x"}, chips=("tpu-v4",)),
     # ---- results
     "results: save rows str": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                   command="c", settings={}, rows="rows"),
+                                                   command=["c"], settings={}, rows="rows"),
     "results: save benchmark 3": lambda: results.save(f"{WORK}/a.json", benchmark=3,
-                                                      command="c", settings={}, rows=[]),
+                                                      command=["c"], settings={}, rows=[]),
     "results: save settings list": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                        command="c", settings=[1], rows=[]),
+                                                        command=["c"], settings=[1], rows=[]),
     "results: save rows of ints": lambda: results.save(f"{WORK}/a.json", benchmark="b",
-                                                       command="c", settings={}, rows=[1, 2]),
-    "results: save path int": lambda: results.save(3, benchmark="b", command="c", settings={},
+                                                       command=["c"], settings={}, rows=[1, 2]),
+    "results: save path int": lambda: results.save(3, benchmark="b", command=["c"], settings={},
                                                    rows=[]),
     "results: load missing": lambda: results.load(f"{WORK}/missing.json"),
     "results: load None": lambda: results.load(None),
@@ -752,15 +752,15 @@ VALID = {
     "roofline: overlap numpy": lambda: formulas.overlap_speedup(np.float64(1.0),
                                                                 np.float32(0.5),
                                                                 ways=np.int64(4)),
-    "roofline_pages: strategy numpy": lambda: roofline_pages.strategy_counts(
+    "roofline_pages: strategy numpy": lambda: strategies.strategy_counts(
         "dp", layer_sizes=np.array([8, 8]), batch=np.int64(8), devices=E2),
-    "roofline_pages: how_many numpy": lambda: roofline_pages.how_many(np.int64(3), 8),
+    "roofline_pages: how_many numpy": lambda: strategies.how_many(np.int64(3), 8),
     "results: save numpy values": lambda: results.save(
         f"{WORK}/n.json", benchmark="b", command=["python", "x"],
         settings={"n": np.int64(2)}, rows=[{"t": np.float32(0.5), "n": np.int64(3)}]),
     "results: load path str": lambda: results.load(str(RES)),
     "results: NaN propagates (documented)": lambda: math.isnan(results.load(results.save(
-        f"{WORK}/nan.json", benchmark="b", command="c", settings={},
+        f"{WORK}/nan.json", benchmark="b", command=["c"], settings={},
         rows=[{"t": NAN}])).rows[0]["t"]) or 1 / 0,
     "cheat_sheet: spec_text numpy ndim": lambda: cheat_sheet.spec_text(
         jax.sharding.NamedSharding(M2, jax.P("x")), np.int64(2)),

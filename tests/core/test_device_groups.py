@@ -387,3 +387,15 @@ def _sub_axis_case(draw):
 def test_sub_axes_and_iota_device_ids_parse_to_xlas_recipe(case):
     text, reference = case
     assert device_groups.parse_replica_groups(text) == reference
+
+
+@pytest.mark.parametrize("text, word", [
+    ("replica_groups={{0,1}", "unbalanced"),
+    ("replica_groups={{0,1}}}, x=1", "unbalanced"),
+    ("replica_groups=, to_apply=%r", "no value"),
+    ("replica_groups=", "no value"),
+])
+def test_replica_groups_text_refuses_broken_values(text, word):
+    """Bad-input audit D: an unbalanced or empty value used to come back as text."""
+    with pytest.raises(checks.InputError, match=word):
+        device_groups.replica_groups_text(text)

@@ -58,7 +58,7 @@ def test_numpy_values_and_a_command_string_are_stored_as_they_read(tmp_path):
     import numpy as np
 
     path = results.save(tmp_path / "n.json", benchmark="b",
-                        command="benchmarks/run.py --runs 3 --json n.json",
+                        command="python benchmarks/run.py --runs 3 --json n.json",
                         settings={"runs": np.int64(3), "sizes": np.array([2, 4]),
                                   "rate": np.float32(0.5), "flag": np.bool_(True)},
                         rows=[{"n": np.int32(8), "ms": np.float64(1.25)}])
@@ -157,7 +157,7 @@ def test_bad_files_get_clear_errors(tmp_path):
     ({"rows": [1, 2]}, "same columns"),
 ])
 def test_load_refuses_a_file_save_did_not_write(tmp_path, record, word):
-    path = results.save(tmp_path / "r.json", benchmark="b", command="benchmarks/x.py",
+    path = results.save(tmp_path / "r.json", benchmark="b", command="python benchmarks/x.py",
                         settings={"n": 1}, rows=[{"a": 1}])
     data = json.loads(path.read_text()) | record
     path.write_text(json.dumps(data))
@@ -166,8 +166,19 @@ def test_load_refuses_a_file_save_did_not_write(tmp_path, record, word):
 
 
 def test_table_refuses_repeated_columns(tmp_path):
-    path = results.save(tmp_path / "r.json", benchmark="b", command="benchmarks/x.py --n 1",
+    path = results.save(tmp_path / "r.json", benchmark="b", command="python benchmarks/x.py --n 1",
                         settings={}, rows=[{"a": 1, "b": 2}])
     with pytest.raises(InputError, match="twice"):
         results.load(path).table(["a", "a"])
     assert results.load(path).table(["b", "a"]) is not None
+
+
+@pytest.mark.parametrize("command", ["run.py", "benchmarks/run.py --runs 3", ""])
+def test_a_command_string_without_the_interpreter_is_refused(tmp_path, command):
+    """Bad-input audit C: command='run.py' was stored rewritten, as 'python run.py'."""
+    with pytest.raises(InputError, match="command"):
+        results.save(tmp_path / "r.json", benchmark="b", command=command, settings={},
+                     rows=[{"a": 1}])
+    path = results.save(tmp_path / "r.json", benchmark="b", command=["run.py"], settings={},
+                        rows=[{"a": 1}])
+    assert results.load(path).command == "python run.py"

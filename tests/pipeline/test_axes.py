@@ -164,6 +164,8 @@ def test_bad_inputs():
         (lambda: axes.traffic(model, {"data": 4}, n_microbatches=0), checks.InputError,
          "n_microbatches"),
         (lambda: axes.place_axes("rows", devices_per_node=8), checks.InputTypeError, "rows"),
+        (lambda: axes.place_axes(rows, devices_per_node=3), checks.InputError,
+         "devices_per_node=3"),
         (lambda: axes.place_axes([rows[0].row()], devices_per_node=8), checks.InputTypeError,
          "AxisTraffic"),
         (lambda: axes.link_seconds(rows, {"data": "fast"}, **links), checks.InputError,

@@ -223,3 +223,28 @@ def test_an_unreadable_chips_file_is_named_in_the_error(tmp_path):
 def test_bad_input_names_the_argument(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_a_gpu_group_longer_than_a_node_is_refused():
+    """T5-M2: NVSwitch joins the 8 GPUs of a node; a longer group crosses the network."""
+    assert hardware.axis_wraps("h100-sxm", 8) is True
+    for chip in ("h100-sxm", "h200", "b200"):
+        with pytest.raises(InputError, match="axis_length=16.*link='network'"):
+            hardware.axis_wraps(chip, 16)
+    assert hardware.axis_wraps("tpu-v5e", 16) is True  # a full v5e axis wraps
+
+
+def test_layout_factor_prices_groups_by_their_chips():
+    quads = ((0, 2, 4, 6), (1, 3, 5, 7))
+    pairs = ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert hardware.layout_factor("tpu-v4", (4, 2), quads) == 1.0  # a 2x2 face
+    assert hardware.layout_factor("tpu-v5e", (4, 2), quads) == 2.0  # scattered
+    assert hardware.layout_shapes("tpu-v5p", (4, 2), quads) == ["scattered", "scattered"]
+    assert hardware.layout_factor("tpu-v5e", (4, 2), pairs) == 2.0  # neighbours: a line
+    assert hardware.layout_factor("tpu-v6e", (8,), (tuple(range(8)),)) == 1.0
+    assert hardware.layout_factor("h100-sxm", (4, 2), quads) is None  # not a torus
+    assert hardware.layout_factor("tpu-v5e", (16,), (tuple(range(16)),)) is None
+    with pytest.raises(InputError, match="position 8"):
+        hardware.layout_factor("tpu-v5e", (4, 2), ((0, 8),))
+    with pytest.raises(InputTypeError, match="groups"):
+        hardware.layout_factor("tpu-v5e", (4, 2), "0123")

@@ -152,23 +152,33 @@ def test_bad_input(call, error, word):
 # --------------------------------------------------------------------------- topology
 
 
-def test_a_two_axis_program_prices_its_short_axes_as_tpu_lines():
-    """Review B2: counts read each collective's device group from the compiled program; on an
-    8-chip TPU slice a 2- or 4-chip axis is a line (twice the ring's time), on a GPU node
-    every group gets the ring's price."""
+def test_a_two_axis_program_prices_each_group_by_its_chips():
+    """Review B2 and T5-M1: counts read each collective's device groups and the mesh from
+    the compiled program; on an 8-chip TPU slice each group is priced by the chips
+    jax.make_mesh puts it on: the 4-chip groups of a (4, 2) mesh are a 2x2 face (a ring) on
+    a v4 and scattered (priced as a line, twice the ring) on a v5e, v5p or v6e. On a GPU
+    node every group gets the ring's price."""
     mesh = mesh_of(8, ("a", "b"), (4, 2))
     x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("a", "b")))
     gather_a = jax.jit(lambda v: v * 2, out_shardings=NamedSharding(mesh, P(None, "b")))
     work = roofline.counts(gather_a, x)
     assert work.devices == 8 and set(work.sent_by_group) == {4}
     assert work.sent_by_group[4] == work.comm_bytes > 0
-    for chip in ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"):
-        line = roofline.estimate(work, chip)
+    assert work.mesh_shape == (4, 2)
+    assert dict(work.sent_by_groups) == {((0, 2, 4, 6), (1, 3, 5, 7)): work.comm_bytes}
+    for chip, factor in (("tpu-v4", 1), ("tpu-v5e", 2), ("tpu-v5p", 2), ("tpu-v6e", 2)):
+        priced = roofline.estimate(work, chip)
         ring = roofline.estimate(work, chip, topology=False)
-        assert line.comm_s == pytest.approx(2 * ring.comm_s)
+        assert priced.comm_s == pytest.approx(factor * ring.comm_s), chip
         assert ring.comm_s == pytest.approx(work.comm_bytes / hardware.CHIPS[chip].interconnect_bandwidth)
         assert roofline.estimate(work, chip, link="network").comm_s == pytest.approx(
             work.comm_bytes / hardware.CHIPS[chip].network_bandwidth)  # not a torus axis
+    # Without the mesh (hand-made counts), the length rule prices the 4 of 8 as a line.
+    bare = roofline.Counts(work.flops, work.bytes_accessed, work.comm_bytes,
+                           sent_by_kind=work.sent_by_kind, sent_by_group=work.sent_by_group,
+                           devices=8)
+    assert roofline.estimate(bare, "tpu-v4").comm_s == pytest.approx(
+        2 * roofline.estimate(bare, "tpu-v4", topology=False).comm_s)
     assert roofline.estimate(work, "h100-sxm").comm_s == \
         roofline.estimate(work, "h100-sxm", topology=False).comm_s
     line8 = mesh_of(8)
@@ -257,3 +267,29 @@ def test_predict_refuses_a_bad_byte_scale_before_compiling(value):
 def test_predict_refuses_a_bad_chip_before_compiling(value):
     with pytest.raises(InputError, match="chip"):
         roofline.predict(lambda a: a, jnp.ones(3), chip=value)
+
+
+# --------------------------------------------------------------------------- audit D
+
+
+@pytest.mark.parametrize("call, word", [
+    (lambda: roofline.Counts(1, 1, comm_bytes=1, sent_by_kind={"all-reduce": 99}), "add up"),
+    (lambda: roofline.Counts(1, 1, comm_bytes=10, sent_by_kind={"all-reduce": 4}), "add up"),
+    (lambda: roofline.Estimate(chip="not-a-chip", flops=1, bytes_accessed=1, comm_bytes=1,
+                               compute_s=1, memory_s=1, comm_s=1), "not-a-chip"),
+    (lambda: roofline.Counts(1, 1, 1, devices=8, mesh_shape=(4, 4)), "mesh_shape"),
+    (lambda: roofline.Counts(1, 1, 1, devices=8, sent_by_group={4: 1},
+                             sent_by_groups={((0, 1, 2, 3),): 1}), "mesh_shape"),
+    (lambda: roofline.Counts(1, 1, 1, devices=8, mesh_shape=(8,), sent_by_group={4: 1},
+                             sent_by_groups={((0, 1, 2, 9),): 1}), "position 9"),
+])
+def test_counts_and_estimates_that_do_not_add_up_are_refused(call, word):
+    with pytest.raises(InputError, match=word):
+        call()
+
+
+def test_counts_that_add_up_are_taken():
+    work = roofline.Counts(1, 1, comm_bytes=10, sent_by_kind={"all-reduce": 4, "all-gather": 6})
+    assert sum(work.sent_by_kind.values()) == work.comm_bytes
+    assert roofline.Estimate(chip="tpu-v5e", flops=1, bytes_accessed=1, comm_bytes=1,
+                             compute_s=1, memory_s=1, comm_s=1).chip == "tpu-v5e"

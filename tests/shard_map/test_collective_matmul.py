@@ -28,7 +28,7 @@ from spmd_guide.core import hlo
 from spmd_guide.shard_map import collective_matmul, ring_costs
 
 NAMES = list(collective_matmul.VARIANTS)
-RINGS = ["allgather_overlapped", "allgather_bidi", "reduce_scatter_overlapped",
+RINGS = ["allgather_overlapped", "allgather_bidi", "allgather_bidi_fused", "reduce_scatter_overlapped",
          "reduce_scatter_bidi"]
 
 
@@ -53,10 +53,10 @@ def compiled(name: str, ring: int, shape: tuple[int, int, int], dtype: str = "fl
     return program, expected
 
 
-def test_registry_has_exactly_the_six_variants():
+def test_registry_has_the_six_variants_and_the_fused_bidirectional_one():
     assert list(collective_matmul.VARIANTS) == ["allgather", "allgather_overlapped", "allgather_bidi",
                                  "reduce_scatter", "reduce_scatter_overlapped",
-                                 "reduce_scatter_bidi"]
+                                 "reduce_scatter_bidi", "allgather_bidi_fused"]
     assert all(callable(f) for f in collective_matmul.VARIANTS.values())
 
 
@@ -171,6 +171,7 @@ EXPECTED = {
     "reduce_scatter": ({"reduce-scatter": 1}, 840),
     "reduce_scatter_overlapped": ({"collective-permute": 7}, 840),
     "reduce_scatter_bidi": ({"collective-permute": 14}, 840),
+    "allgather_bidi_fused": ({"collective-permute": 14}, 560),
 }
 
 
@@ -189,7 +190,7 @@ def test_rings_use_only_collective_permutes(name):
     counts = hlo.collective_counts(program.program)
     assert counts["all-gather"] == counts["reduce-scatter"] == counts["all-reduce"] == 0
     assert counts["all-to-all"] == 0
-    assert counts["collective-permute"] == (14 if name.endswith("bidi") else 7)
+    assert counts["collective-permute"] == (14 if ring_costs.is_bidi(name) else 7)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -234,6 +235,7 @@ UNEVEN = {  # (lhs shape, rhs shape) on 4 devices, and the divisor the message m
     "allgather": ((10, 8), (8, 3), "rows M = 10", 4),
     "allgather_overlapped": ((8, 6), (6, 3), "contraction K = 6", 4),
     "allgather_bidi": ((8, 12), (12, 3), "contraction K = 12", 8),
+    "allgather_bidi_fused": ((8, 20), (20, 3), "contraction K = 20", 8),
     "reduce_scatter": ((6, 8), (8, 3), "rows M = 6", 4),
     "reduce_scatter_overlapped": ((8, 10), (10, 3), "contraction K = 10", 4),
     "reduce_scatter_bidi": ((12, 8), (8, 3), "rows M = 12", 8),
@@ -281,7 +283,7 @@ def test_ring_schedule_covers_every_block_once_and_moves_one_hop(name, ring):
     steps = ring_costs.ring_schedule(name, ring)
     assert len(steps) == ring
     slots = len(steps[0].blocks[0])
-    assert slots == (2 if name.endswith("bidi") else 1)
+    assert slots == (2 if ring_costs.is_bidi(name) else 1)
     directions = ([+1, -1] if name.startswith("allgather") else [-1, +1])[:slots]
     for d in range(ring):
         for slot in range(slots):
@@ -485,9 +487,52 @@ def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
         out = collective_matmul.VARIANTS[name](lhs, rhs, mesh, axis_name)
     except (InputError, InputTypeError):
         ring = mesh.shape[axis_name]
-        bidi = 2 if name.endswith("bidi") else 1
+        bidi = 2 if ring_costs.is_bidi(name) else 1
         rows = ring * (bidi if name.startswith("reduce") else 1)
         cols = ring * (bidi if name.startswith("allgather") else 1)
         assert m % rows or k % cols  # refused only when the split is uneven
         return
     np.testing.assert_array_equal(np.asarray(out), expected)
+
+
+
+@pytest.mark.parametrize("ring", [2, 4, 8])
+def test_fused_bidi_runs_one_full_size_dot_per_step(ring):
+    """Lesson 9: allgather_bidi runs two half-size dots per step, allgather_bidi_fused one
+    full-size dot, on the same bytes sent; both equal lhs @ rhs."""
+    shape = (4 * ring, 8 * ring, 6)
+    half, fused = (compiled(name, ring, shape) for name in ("allgather_bidi", "allgather_bidi_fused"))
+    for program, expected in (half, fused):
+        np.testing.assert_array_equal(np.asarray(program()), expected)
+    m, k, n = shape[0] // ring, shape[1] // ring, shape[2]
+    assert ring_costs.dot_shapes(half[0]) == [f"({m}, {k // 2}) @ ({k // 2}, {n})"] * 2 * ring
+    assert ring_costs.dot_shapes(fused[0]) == [f"({m}, {k}) @ ({k}, {n})"] * ring
+    sent = [sum(op.bytes_sent for op in hlo.collectives(p[0].program)) for p in (half, fused)]
+    assert sent[0] == sent[1] > 0
+    # The same matmul FLOPs, 2 (M/n) K N per device; the fused form adds its partial
+    # products once a step where the half-size form adds twice, so its total is lower.
+    flops = [p[0].program.cost_analysis()["flops"] for p in (half, fused)]
+    dots = 2 * shape[0] // ring * shape[1] * shape[2]
+    assert dots <= flops[1] < flops[0] < 1.5 * dots
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag, known", [
+    ("--xla_gpu_disable_async_collectives=COLLECTIVEPERMUTE", True),
+    ("--xla_gpu_threshold_for_windowed_einsum_mib=0", True),
+    ("--xla_gpu_enable_async_collective_permute=true", False),
+    ("--xla_gpu_enable_async_collectives=true", False),
+])
+def test_the_gpu_flags_the_page_names_are_this_jaxlib_s(flag, known):
+    """Review T5-W1: the page names the flags this jaxlib's XLA knows, and says the old
+    enable flags stop JAX at start-up ("Unknown flag in XLA_FLAGS"), on any backend."""
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "import jax; jax.numpy.ones(2).sum()"],
+                         env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flag},
+                         capture_output=True, text=True, timeout=120)
+    assert (run.returncode == 0) is known, run.stderr[-400:]
+    if not known:
+        assert "Unknown flag in XLA_FLAGS" in run.stderr

@@ -259,3 +259,10 @@ def test_every_bad_ring_is_named(fn, tag):
         fn("allgather", BAD_INTS[tag])
     with pytest.raises(checks.InputError, match="ring"):
         ring_costs.bytes_by_direction([], BAD_INTS[tag])
+
+
+def test_dot_shapes_refuses_what_compile_variant_did_not_make():
+    from spmd_guide.core.checks import InputTypeError
+
+    with pytest.raises(InputTypeError, match="compile_variant"):
+        ring_costs.dot_shapes("allgather")

@@ -177,7 +177,7 @@ def _explicit_groups(reader: _Reader) -> tuple[tuple[int, ...], ...]:
     groups = []
     while True:
         reader.expect("{")
-        groups.append(tuple(reader.integers("device id", "}")))
+        groups.append(tuple(reader.integers("device position", "}")))
         if not reader.take(","):
             break
     reader.expect("}")
@@ -220,9 +220,9 @@ def _device_ids(reader: _Reader, count: int) -> np.ndarray:
         devices = _iota(reader, dims, perm)
         dims = None
     else:
-        ids = [reader.integer("device id")]
+        ids = [reader.integer("device position")]
         while reader.take(","):
-            ids.append(reader.integer("device id"))
+            ids.append(reader.integer("device position"))
         _permutation(reader, ids, "device_ids")
         devices = np.array(ids)
     reader.expect(")")
@@ -363,7 +363,21 @@ def replica_groups_text(attributes: str) -> str | None:
                 f"the replica_groups=mesh[...] value in {checks.value_text(attributes)} has no "
                 "closing '}'; expected mesh['a'=4,'b'=2] {'a'}.")
         return attributes[match.end():end + 1]
-    return _attribute_value(attributes, match.end())
+    value = _attribute_value(attributes, match.end())
+    if not value.strip():
+        raise checks.InputError(
+            f"replica_groups= has no value in {checks.value_text(attributes)}; expected groups "
+            "such as {{0,1},{2,3}} or [2,4]<=[8].")
+    depth = 0
+    for c in value:
+        depth += (c in "([{") - (c in ")]}")
+        if depth < 0:
+            break
+    if depth:
+        raise checks.InputError(
+            f"the replica_groups= value {value!r} has unbalanced brackets; expected groups "
+            "such as {{0,1},{2,3}}.")
+    return value
 
 
 # --------------------------------------------------------------------------- tile assignments
@@ -402,9 +416,9 @@ def parse_tile_assignment(text: str) -> np.ndarray:
             reader.fail(f"the tile grid {dims} has {count} tiles but the iota holds "
                         f"{devices.size} devices")
     else:
-        ids: list[int] = [reader.integer("device id")]
+        ids: list[int] = [reader.integer("device position")]
         while reader.take(","):
-            ids.append(reader.integer("device id"))
+            ids.append(reader.integer("device position"))
         if len(ids) != count:
             reader.fail(f"it lists {len(ids)} devices for {count} tiles")
         _permutation(reader, ids, "the tile assignment's devices")

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import json
 import pathlib
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -113,8 +114,10 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str] | s
     """Write ``rows`` and their provenance as JSON to ``path`` (a ``.json`` file, which
     :func:`load_all` finds); returns the path.
 
-    ``command`` is how the run was started: the words of ``sys.argv``, or one command line
-    as a string (``"benchmarks/strategies.py --runs 3"``); ``--json PATH`` is left out.
+    ``command`` is how the run was started: the words of ``sys.argv`` (stored after
+    ``python``), or the whole command line as a string (``"python benchmarks/strategies.py
+    --runs 3"``; a string without the interpreter, ``"run.py"``, is refused rather than
+    stored rewritten); ``--json PATH`` is left out.
     NumPy scalars and arrays in ``settings`` and ``rows`` are stored as numbers and lists;
     a NaN (a run that measured nothing) propagates: stored as ``NaN``, loaded back as NaN.
     Every row must have the same columns.
@@ -126,7 +129,13 @@ def save(path: str | pathlib.Path, *, benchmark: str, command: Sequence[str] | s
     if not isinstance(benchmark, str) or not benchmark.strip():
         raise checks.InputTypeError(f"benchmark must be a non-empty name, got {benchmark!r}.")
     if isinstance(command, str):
-        command = shlex.split(command)
+        words = shlex.split(command)
+        if not words or not re.fullmatch(r"python[0-9.]*", pathlib.Path(words[0]).name):
+            raise checks.InputError(
+                f"command={command!r} as a string must be the whole command line, starting "
+                "with the interpreter ('python benchmarks/run.py --runs 3'); or pass the "
+                "arguments as a list, as sys.argv holds them (python is then added).")
+        command = words[1:]
     if not isinstance(command, Sequence) or not all(isinstance(w, str) for w in command):
         raise checks.InputTypeError(
             f"command must be the run's command line, as a string or a list of strings such "

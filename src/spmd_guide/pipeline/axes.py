@@ -311,6 +311,11 @@ def place_axes(rows: list[AxisTraffic], *, devices_per_node: int
     """
     devices_per_node = checks.count("devices_per_node", devices_per_node)
     rows = _rows(rows)
+    total = math.prod(r.size for r in rows)
+    if total % devices_per_node and devices_per_node % total:
+        raise checks.InputError(
+            f"devices_per_node={devices_per_node} neither divides the mesh's {total} devices "
+            f"nor holds them whole: nodes of {devices_per_node} cannot tile a mesh of {total}.")
     inside = 1
     placement: dict[str, str] = {}
     for row in sorted(rows, key=lambda r: -r.bytes_sent):

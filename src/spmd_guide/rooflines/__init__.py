@@ -8,8 +8,11 @@
 - `formulas`: the closed forms worked by hand: arithmetic intensity, critical batches, when
   each strategy's communication hides, the overlapped ring's gain (rooflines/rooflines,
   rooflines/parallelism).
-- `roofline_pages`: the MLP priced per strategy and chip, rankings, figures and the worked
-  problems (rooflines/rooflines, rooflines/parallelism, rooflines/transformer).
+- `strategies`: the Part IV MLP's strategies compiled and priced on every chip, ranked
+  (rooflines/parallelism; rooflines/transformer ranks the transformer's with it).
+- `figures`: rooflines, curves and the predicted steps per strategy and chip (every page).
+- `problems`: the worked problems and exercises, each answer computed from the chips file
+  (rooflines/rooflines, rooflines/parallelism).
 
 The transformer's own counts are in `spmd_guide.transformer.pricing`: a topic imports only
 earlier ones.

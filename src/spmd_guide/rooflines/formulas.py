@@ -184,14 +184,16 @@ def fsdp_critical_batch(chip: str | Chip, *, n: int | None = None, gathers: int 
 
 
 def tp_min_width(chip: str | Chip, n: int, *, bytes_per_element: float = 2,
-                 slice_chips: int | None = None) -> float:
+                 link: str = "interconnect", slice_chips: int | None = None) -> float:
     """The smallest weight width ``f`` for which an ``n``-way tensor-parallel matmul
     ``x[B, d] @ W[d, f/n]`` that all-gathers its ``[B, d]`` input stays compute-bound:
-    2 B d f / n FLOPs against (n-1)/n B d bytes sent gives f >= bytes (n-1) FLOP/s / (2 W).
+    2 B d f / n FLOPs against (n-1)/n B d bytes sent gives f >= bytes (n-1) FLOP/s / (2 W),
+    W the bandwidth of ``link`` (``"network"`` for GPU groups past one node).
     ``slice_chips`` as in :func:`ring_time`: a TPU line doubles it."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     n = checks.count("n", n, minimum=2, maximum=checks.MAX_DEVICES)
-    return size * (n - 1) * spec.comm_ridge / 2 * _line(spec, n, slice_chips)
+    ridge = spec.peak_flops_bf16 / spec.link_bandwidth(link)
+    return size * (n - 1) * ridge / 2 * _line(spec, n, slice_chips, link=link)
 
 
 def tp_max_ways(chip: str | Chip, width: int, *, bytes_per_element: float = 2,
@@ -240,26 +242,40 @@ def overlap_speedup(compute_s: float, comm_s: float, *, ways: int | None = None)
     return (c + m) / overlapped_time(c, m, ways=ways)
 
 
+def _one_way(spec: Chip, one_way: Any) -> float:
+    """2 for a ring that sends one way round on a TPU: ``interconnect_bandwidth`` is the two
+    links of a torus axis, one direction each, and a one-way ring uses one of them. 1 on a
+    GPU (through NVSwitch one peer can take the whole NVLink egress) or for a ring that
+    sends both ways."""
+    return 2.0 if checks.flag("one_way", one_way) and spec.topology != "switch" else 1.0
+
+
 def ring_matmul_balance_rows(ways: int, chip: str | Chip, *, bytes_per_element: float = 2,
+                             one_way: bool = False,
                              slice_chips: int | None = None) -> float:
     """Rows ``m`` at which the overlapped all-gather matmul ``[m, k] @ [k, n]`` on a ring of
     ``ways`` chips gains most (:func:`overlap_speedup` with ``ways``): where one block's
     matmul, 2 m k n / ways^2 FLOPs, takes as long as one block's transfer, k n / ways
     elements; k and n cancel: m = ways x bytes/2 x FLOP/s / link bandwidth (twice that on a
-    TPU line, ``slice_chips`` as in :func:`ring_time`)."""
+    TPU line, ``slice_chips`` as in :func:`ring_time`). The link bandwidth is both
+    directions, as ``allgather_bidi`` sends; ``one_way=True`` prices ``allgather_overlapped``,
+    which on a TPU sends over one link (:func:`_one_way`): twice the rows."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     ways = checks.count("ways", ways, minimum=2, maximum=checks.MAX_DEVICES)
-    return ways * size / 2 * spec.comm_ridge * _line(spec, ways, slice_chips, name="ways")
+    return ways * size / 2 * spec.comm_ridge * _line(spec, ways, slice_chips, name="ways") \
+        * _one_way(spec, one_way)
 
 
 def collective_matmul_times(m: int, k: int, n: int, ways: int, chip: str | Chip, *,
-                            bytes_per_element: float = 2,
+                            bytes_per_element: float = 2, one_way: bool = False,
                             slice_chips: int | None = None) -> tuple[float, float]:
     """(compute, communication) seconds of the all-gather collective matmul of Part III:
     each of ``ways`` chips multiplies its ``m / ways`` rows of ``[m, k]`` by the ``[k, n]``
     right-hand side, whose ``k / ways`` row blocks are all-gathered around the ring (twice
-    the ring's time on a TPU line, ``slice_chips`` as in :func:`ring_time`). ``m`` and ``k``
-    must split into ``ways`` equal blocks, as the matmul itself requires."""
+    the ring's time on a TPU line, ``slice_chips`` as in :func:`ring_time`). The transfers
+    use both directions of the ring, as ``allgather_bidi`` does; ``one_way=True`` prices the
+    one-way ``allgather_overlapped``, twice the transfer time on a TPU. ``m`` and ``k`` must
+    split into ``ways`` equal blocks, as the matmul itself requires."""
     spec, size = get_chip(chip), _bytes(bytes_per_element)
     m, k, n = _width("m", m), _width("k", k), _width("n", n)
     ways = checks.count("ways", ways, maximum=checks.MAX_DEVICES)
@@ -267,7 +283,7 @@ def collective_matmul_times(m: int, k: int, n: int, ways: int, chip: str | Chip,
     checks.divisible("k (rows of the right-hand side)", k, ways, why=f"over ways={ways} chips")
     compute = 2 * m * k * n / ways / spec.peak_flops_bf16
     comm = (ways - 1) / ways * k * n * size / spec.interconnect_bandwidth * _line(
-        spec, ways, slice_chips, name="ways")
+        spec, ways, slice_chips, name="ways") * _one_way(spec, one_way)
     return compute, comm
 
 

@@ -23,6 +23,8 @@ errors; NumPy strings and arrays of names are taken wherever Python ones are.
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import tomllib
 import types
@@ -58,6 +60,17 @@ TOPOLOGIES = {
 SLICE_OF_8 = {"torus-2d": (2, 4), "torus-3d": (2, 2, 2)}
 #: The rate :data:`UNITS` does not list but ``cite`` must: where the topology was read.
 CITED = (*UNITS, "topology")
+#: GPUs an NVSwitch node joins (``chips.toml``: "all-to-all in an 8-GPU node"); a group of
+#: more GPUs crosses the network between nodes.
+NODE_GPUS = 8
+#: How many times a ring's time a collective takes over a group whose chips form each shape
+#: of :data:`spmd_guide.meshes.tpu_slices.SHAPES`: a ring 1, a line 2 (its end chips have
+#: one link where a ring's have two). A scattered group (no chip next to another) is priced
+#: as a line too: an estimate, since its steps cross chips that other groups also use.
+SHAPE_FACTORS = {"one chip": 1.0, "ring": 1.0, "line": 2.0, "scattered": 2.0}
+#: Keys of every :class:`Chip` built so far (the chips file's and any other file's): what an
+#: estimate may name.
+KNOWN_KEYS: set[str] = set()
 
 
 def choice(name: str, value: Any, options: Iterable[str]) -> str:
@@ -116,6 +129,7 @@ class Chip:
                 f"chip {self.key!r}: cite needs one non-empty source per rate; missing "
                 f"{missing}, unknown {unknown}, empty {empty}; the rates are {sorted(CITED)}.")
         object.__setattr__(self, "cite", types.MappingProxyType(dict(self.cite)))
+        KNOWN_KEYS.add(self.key)
 
     @property
     def ridge(self) -> float:
@@ -228,7 +242,8 @@ def axis_wraps(chip: str | Chip, axis_length: int, *, slice_chips: int | None = 
     of ``slice_chips`` chips (default: the axis is the whole slice), runs on a **ring**:
     ``chip.interconnect_bandwidth`` is what a chip sends along a ring, two links at once.
 
-    * A GPU's NVSwitch joins every GPU of a node to every other: always a ring's rate.
+    * A GPU's NVSwitch joins every GPU of a node to every other: a ring's rate, for groups of
+      up to :data:`NODE_GPUS`; a longer GPU group is refused (it crosses the network).
     * An axis through every chip of a TPU slice of 4 or more (2x2, 2x4, 2x2x2, ...) closes a
       cycle through all of them (a Hamiltonian cycle), so it is a ring; two chips joined by
       one link are a line.
@@ -238,7 +253,9 @@ def axis_wraps(chip: str | Chip, axis_length: int, *, slice_chips: int | None = 
       (tpus.md) says a topology without wraparounds "typically doubles the time of most
       communication" (:func:`topology_factor`).
 
-    On an 8-chip slice (2x4 or 2x2x2) every axis shorter than 8 is a line."""
+    This rule knows only the axis length. Which chips ``jax.make_mesh`` puts in a group
+    decides what they form; :func:`layout_factor` prices a group by its chips on the slices
+    Part I lays out."""
     spec = get_chip(chip)
     n = checks.count("axis_length", axis_length, maximum=checks.MAX_DEVICES)
     size = n if slice_chips is None else checks.count(
@@ -246,7 +263,14 @@ def axis_wraps(chip: str | Chip, axis_length: int, *, slice_chips: int | None = 
     if n > size:
         raise checks.InputError(
             f"axis_length={n} is longer than the slice it runs in, slice_chips={size}.")
-    if spec.topology == "switch" or n == 1:
+    if spec.topology == "switch":
+        if n > NODE_GPUS:
+            raise checks.InputError(
+                f"axis_length={n}: an NVSwitch node of {spec.key} joins {NODE_GPUS} GPUs; a "
+                f"group of {n} crosses the network between nodes: price it with "
+                "link='network'.")
+        return True
+    if n == 1:
         return True
     if n == size:
         return n >= 4
@@ -261,3 +285,56 @@ def topology_factor(chip: str | Chip, axis_length: int, *,
     (:func:`axis_wraps`), 2 on a line (a bidirectional line: the chips at its ends have one
     link where a ring's have two, so its throughput halves)."""
     return 1.0 if axis_wraps(chip, axis_length, slice_chips=slice_chips) else 2.0
+
+
+def layout_factor(chip: str | Chip, mesh_shape: Sequence[int],
+                  groups: Sequence[Sequence[int]]) -> float | None:
+    """How many times a ring's time a collective over ``groups`` takes, priced by the chips
+    they are on: ``groups`` are positions in the flat device list of a mesh of
+    ``mesh_shape`` (a program's replica groups), laid on a slice of ``chip`` as
+    ``jax.make_mesh`` lays it (:func:`spmd_guide.meshes.tpu_slices.mesh_chips`). Each group's
+    chips form a ring, a line or neither (:func:`~spmd_guide.meshes.tpu_slices.group_shape`,
+    :data:`SHAPE_FACTORS`); the slowest group sets the time. ``None`` where the layout is not
+    known: a GPU, or a slice other than :data:`~spmd_guide.meshes.tpu_slices.SLICES`."""
+    from spmd_guide.meshes import tpu_slices
+
+    spec = get_chip(chip)
+    shape = checks.counts("mesh_shape", mesh_shape, min_length=1)
+    total = math.prod(shape)
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, (Sequence, np.ndarray)) \
+            or len(groups) == 0:
+        raise checks.InputTypeError(
+            f"groups must be a non-empty list of device positions per group, got {groups!r:.60}.")
+    positions = [checks.counts("a group of groups", g, minimum=0) for g in groups]
+    if max(max(g) for g in positions) >= total:
+        raise checks.InputError(
+            f"groups name position {max(max(g) for g in positions)}, but a mesh of "
+            f"{shape} has positions 0 to {total - 1}.")
+    if (spec.key, total) not in tpu_slices.SLICES:
+        return None
+    laid = _laid(spec.key, shape).ravel()
+    return max(SHAPE_FACTORS[_shape(tuple(laid[p] for p in group))] for group in positions)
+
+
+def layout_shapes(chip: str | Chip, mesh_shape: Sequence[int],
+                  groups: Sequence[Sequence[int]]) -> list[str] | None:
+    """What the chips of each group form (:func:`layout_factor`'s groups and layout), or
+    ``None`` where the layout is not known."""
+    if layout_factor(chip, mesh_shape, groups) is None:
+        return None
+    laid = _laid(get_chip(chip).key, tuple(mesh_shape)).ravel()
+    return [_shape(tuple(laid[int(p)] for p in group)) for group in groups]
+
+
+@functools.cache
+def _laid(key: str, shape: tuple[int, ...]) -> np.ndarray:
+    from spmd_guide.meshes import tpu_slices
+
+    return tpu_slices.mesh_chips(key, shape)
+
+
+@functools.cache
+def _shape(group: tuple[tuple[int, int, int], ...]) -> str:
+    from spmd_guide.meshes import tpu_slices
+
+    return tpu_slices.group_shape(group)

@@ -36,13 +36,21 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.core.hlo_text import parse_module, program_text, reachable
 from spmd_guide.rooflines.formulas import matmul_intensity as matmul_intensity
 from spmd_guide.rooflines.hardware import CHIPS as CHIPS
-from spmd_guide.rooflines.hardware import LINKS, Chip, choice, get_chip, topology_factor
+from spmd_guide.rooflines.hardware import (
+    KNOWN_KEYS,
+    LINKS,
+    Chip,
+    choice,
+    get_chip,
+    layout_factor,
+    topology_factor,
+)
 
 # CHIPS and matmul_intensity are re-exported: the public contract (DESIGN.md) names them
 # roofline.CHIPS and roofline.matmul_intensity beside predict. They live in hardware and
@@ -105,6 +113,9 @@ class Estimate:
     def __post_init__(self) -> None:
         if not isinstance(self.chip, str) or not self.chip:
             raise checks.InputTypeError(f"chip must be a chip's key, got {self.chip!r}.")
+        if self.chip not in KNOWN_KEYS:
+            raise checks.InputError(
+                f"chip {self.chip!r} is no chip's key; the chips file has {sorted(CHIPS)}.")
         _amounts(self, ("flops", "bytes_accessed", "comm_bytes", "compute_s", "memory_s",
                         "comm_s"))
         object.__setattr__(self, "converts", checks.count("converts", self.converts, minimum=0))
@@ -155,13 +166,23 @@ class Counts:
     comm_bytes: float
     sent_by_kind: Mapping[str, float] = field(default_factory=dict, hash=False)
     #: Bytes sent by the length of the device group each collective runs over
-    #: (``{4: ..., 2: ...}``): the mesh axis it runs along, which sets its topology.
+    #: (``{4: ..., 2: ...}``): for an all-reduce, all-gather, reduce-scatter or all-to-all,
+    #: the length of the mesh axis (or axes) it runs along; for a collective-permute, the
+    #: largest connected set of its source-target pairs, which need not be an axis.
     sent_by_group: Mapping[int, float] = field(default_factory=dict, hash=False)
     #: Devices the program runs on (0: not known), the slice its groups are part of.
     devices: int = 0
     #: ``convert`` ops from one floating dtype to another (bf16 <-> f32) in the program, in
     #: every computation it calls (fusions included): what a bfloat16 training step gains.
     converts: int = 0
+    #: The shape of the mesh the program's inputs are laid out on (``()``: not known); its
+    #: flat device list is what the replica groups' positions index.
+    mesh_shape: tuple[int, ...] = ()
+    #: Bytes sent by the replica groups of each collective that has them (every kind but
+    #: collective-permute): ``{((0, 2, 4, 6), (1, 3, 5, 7)): ...}``, positions in the mesh's
+    #: device list, so that each group can be priced by the chips it lands on.
+    sent_by_groups: Mapping[tuple[tuple[int, ...], ...], float] = field(
+        default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         _amounts(self, ("flops", "bytes_accessed", "comm_bytes"))
@@ -171,6 +192,11 @@ class Counts:
         kinds = {checks.one_of("collective kind", k, hlo.KINDS):
                  checks.real(f"sent_by_kind[{k!r}]", v, minimum=0)
                  for k, v in self.sent_by_kind.items()}
+        if kinds and not math.isclose(sum(kinds.values()), self.comm_bytes, rel_tol=1e-9,
+                                      abs_tol=1):
+            raise checks.InputError(
+                f"sent_by_kind sums to {sum(kinds.values()):.6g} bytes, but comm_bytes is "
+                f"{self.comm_bytes:.6g}: the bytes of each kind must add up to the total.")
         object.__setattr__(self, "sent_by_kind", types.MappingProxyType(kinds))
         devices = checks.count("devices", self.devices, minimum=0, maximum=checks.MAX_DEVICES)
         object.__setattr__(self, "devices", devices)
@@ -188,6 +214,32 @@ class Counts:
                 f"sent_by_group sums to {sum(groups.values()):.6g} bytes, more than comm_bytes "
                 f"{self.comm_bytes:.6g}.")
         object.__setattr__(self, "sent_by_group", types.MappingProxyType(groups))
+        shape = checks.counts("mesh_shape", self.mesh_shape, min_length=0)
+        if shape and math.prod(shape) != devices:
+            raise checks.InputError(
+                f"mesh_shape={shape} holds {math.prod(shape)} devices, but devices={devices}.")
+        object.__setattr__(self, "mesh_shape", shape)
+        if not isinstance(self.sent_by_groups, Mapping):
+            raise checks.InputTypeError(
+                f"sent_by_groups must map replica groups to bytes, got {self.sent_by_groups!r}.")
+        if self.sent_by_groups and not shape:
+            raise checks.InputError("sent_by_groups needs mesh_shape= (what its positions index).")
+        by_groups = {}
+        for key, value in self.sent_by_groups.items():
+            if isinstance(key, (str, bytes)) or not isinstance(key, Sequence) or not key:
+                raise checks.InputTypeError(
+                    f"a key of sent_by_groups must be a tuple of device groups, got {key!r}.")
+            key = tuple(checks.counts("a group of sent_by_groups", g, minimum=0) for g in key)
+            if max(map(max, key)) >= devices:
+                raise checks.InputError(
+                    f"sent_by_groups names position {max(map(max, key))}; the program has "
+                    f"{devices} devices.")
+            by_groups[key] = checks.real(f"sent_by_groups[{key!r}]", value, minimum=0)
+            length = len(key[0])
+            if groups.get(length, 0.0) * (1 + 1e-9) + 1 < by_groups[key]:
+                raise checks.InputError(
+                    f"sent_by_groups[{key!r}] is more than sent_by_group[{length}].")
+        object.__setattr__(self, "sent_by_groups", types.MappingProxyType(by_groups))
 
 
 def counts(fn: Callable[..., Any], *args: Any) -> Counts:
@@ -206,15 +258,35 @@ def counts(fn: Callable[..., Any], *args: Any) -> Counts:
     module = parse_module(program_text(text))
     by_kind: dict[str, float] = {}
     by_group: dict[int, float] = {}
+    by_groups: dict[tuple[tuple[int, ...], ...], float] = {}
+    shape = _mesh_shape(compiled)
     for op in ops:
         by_kind[op.kind] = by_kind.get(op.kind, 0.0) + op.bytes_sent
         by_group[op.group_size] = by_group.get(op.group_size, 0.0) + op.bytes_sent
+        if shape and op.kind != "collective-permute" and op.bytes_sent:
+            groups = op.groups or (tuple(range(math.prod(shape))),)
+            by_groups[groups] = by_groups.get(groups, 0.0) + op.bytes_sent
     converts = sum(_float_converts(module.computations[name]) for name in reachable(module))
+    devices = module.num_partitions * module.replica_count
     return Counts(flops=float(cost.get("flops", 0.0)),
                   bytes_accessed=float(cost.get("bytes accessed", 0.0)),
                   comm_bytes=float(sum(op.bytes_sent for op in ops)), sent_by_kind=by_kind,
                   sent_by_group={g: b for g, b in by_group.items() if b},
-                  devices=module.num_partitions * module.replica_count, converts=converts)
+                  devices=devices, converts=converts,
+                  mesh_shape=shape if math.prod(shape) == devices else (),
+                  sent_by_groups=by_groups if math.prod(shape) == devices else {})
+
+
+def _mesh_shape(compiled: Any) -> tuple[int, ...]:
+    """The axis sizes of the one mesh the compiled program's inputs are laid out on (a
+    jitted program's replica groups index that mesh's device list); ``()`` when its inputs
+    name no mesh, or more than one."""
+    try:
+        shardings = jax.tree.leaves(compiled.input_shardings)
+    except (AttributeError, NotImplementedError):  # a program without input shardings
+        return ()
+    shapes = {tuple(s.mesh.axis_sizes) for s in shardings if isinstance(s, NamedSharding)}
+    return shapes.pop() if len(shapes) == 1 else ()
 
 
 def _is_float(dtype: str) -> bool:
@@ -239,9 +311,12 @@ def _float_converts(instructions: Sequence[Any]) -> int:
 def comm_seconds(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
                  link: str = "interconnect", topology: bool = True) -> float:
     """Seconds ``work``'s bytes take over ``link``: each collective's bytes over the link
-    bandwidth, times its topology's factor (:func:`~spmd_guide.rooflines.hardware.
-    topology_factor`): a collective whose device group is a TPU axis without a wraparound
-    link in the program's slice (say 4 of 8 chips) runs on a line, twice a ring's time.
+    bandwidth, times its topology's factor. Where the chips of its groups are known (a TPU
+    slice of :data:`spmd_guide.meshes.tpu_slices.SLICES`, and the mesh the program runs on),
+    each group is priced by what its chips form, laid out as ``jax.make_mesh`` lays them
+    (:func:`~spmd_guide.rooflines.hardware.layout_factor`): a ring 1, a line or a scattered
+    group 2. Otherwise by its length (:func:`~spmd_guide.rooflines.hardware.topology_factor`):
+    a TPU axis without a wraparound link in the program's slice runs on a line.
     ``topology=False`` prices every byte at the ring's rate; so does the network, and so do
     bytes whose group is not known."""
     if not isinstance(work, Counts):
@@ -252,9 +327,16 @@ def comm_seconds(work: Counts, chip: str | Chip, *, byte_scale: float = 1.0,
     rate = spec.link_bandwidth(link)
     if not checks.flag("topology", topology) or link == "network":
         return work.comm_bytes * scale / rate
+    by_length = dict(work.sent_by_group)
+    lines = 0.0
+    for groups, sent in work.sent_by_groups.items():
+        factor = layout_factor(spec, work.mesh_shape, groups)
+        if factor is not None:  # priced by the chips the groups land on
+            lines += sent * factor
+            by_length[len(groups[0])] -= sent
     grouped = sum(work.sent_by_group.values())
-    lines = sum(sent * topology_factor(spec, group, slice_chips=work.devices)
-                for group, sent in work.sent_by_group.items())
+    lines += sum(sent * topology_factor(spec, group, slice_chips=work.devices)
+                 for group, sent in by_length.items() if sent > 0)
     return (max(work.comm_bytes - grouped, 0.0) + lines) * scale / rate
 
 

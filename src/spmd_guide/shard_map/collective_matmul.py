@@ -15,7 +15,9 @@ output rows. Two families:
 Each family comes three ways: one big collective (``all_gather`` /
 ``psum_scatter``), an overlapped ring of ``ppermute`` steps interleaved with
 block matmuls, and a bidirectional ring that sends half of every travelling
-block each way round.
+block each way round. ``allgather_bidi_fused`` is the bidirectional all-gather
+ring again, with one full-size matmul per step where ``allgather_bidi`` runs two
+half-size ones.
 
 Everything a variant needs comes in through its arguments (``mesh``,
 ``axis_name``); nothing is read from module or notebook globals, so re-running
@@ -214,6 +216,34 @@ def allgather_bidi_per_device(lhs_rows, rhs_block, *, axis_name: str,
     return out
 
 
+def allgather_bidi_fused_per_device(lhs_rows, rhs_block, *, axis_name: str,
+                                    ring: int):
+    """As ``allgather_bidi_per_device``, with one full-size matmul per step
+    instead of two half-size ones: the two halves in hand are stacked into
+    one (K/n, N) block (the pad-and-add form: each half padded with zeros
+    where the other goes, then added) and multiplied by the matching
+    ``lhs`` columns, stacked the same way."""
+    me = lax.axis_index(axis_name)
+    forward, backward = jnp.split(rhs_block, 2, axis=0)
+    half_rows = forward.shape[0]
+
+    def lhs_columns(block, half):  # the columns meeting one half of a block
+        start = (2 * block + half) * half_rows
+        return lax.dynamic_slice_in_dim(lhs_rows, start, half_rows, axis=1)
+
+    def one_dot(forward_block, backward_block):
+        columns = jnp.concatenate([lhs_columns(forward_block, 0),
+                                   lhs_columns(backward_block, 1)], axis=1)
+        return columns @ jnp.concatenate([forward, backward], axis=0)
+
+    out = one_dot(me, me)
+    for step in range(1, ring):
+        forward = pass_along(forward, axis_name, ring, direction=+1)
+        backward = pass_along(backward, axis_name, ring, direction=-1)
+        out += one_dot((me - step) % ring, (me + step) % ring)
+    return out
+
+
 def allgather(lhs: Any, rhs: Any, mesh: Mesh, axis_name: str) -> jax.Array:
     """``lhs @ rhs``, gathering all of ``rhs`` onto every device first."""
     ring = axis_size(mesh, axis_name)
@@ -238,6 +268,15 @@ def allgather_bidi(lhs: Any, rhs: Any, mesh: Mesh,
     check_shapes(lhs, rhs, rows_by=ring, contraction_by=2 * ring)
     return run_on_ring(allgather_bidi_per_device, lhs, rhs, mesh, axis_name,
                        specs=allgather_specs(axis_name))
+
+
+def allgather_bidi_fused(lhs: Any, rhs: Any, mesh: Mesh,
+                         axis_name: str) -> jax.Array:
+    """``lhs @ rhs`` as ``allgather_bidi``, one full-size matmul per step."""
+    ring = axis_size(mesh, axis_name)
+    check_shapes(lhs, rhs, rows_by=ring, contraction_by=2 * ring)
+    return run_on_ring(allgather_bidi_fused_per_device, lhs, rhs, mesh,
+                       axis_name, specs=allgather_specs(axis_name))
 
 
 # ---------------------------------------------------------------------------
@@ -335,8 +374,10 @@ VARIANTS: dict[str, Matmul] = {
     "reduce_scatter": reduce_scatter,
     "reduce_scatter_overlapped": reduce_scatter_overlapped,
     "reduce_scatter_bidi": reduce_scatter_bidi,
+    "allgather_bidi_fused": allgather_bidi_fused,
 }
-"""The six collective matmuls by name; each is ``f(lhs, rhs, mesh, axis)``."""
+"""The collective matmuls by name; each is ``f(lhs, rhs, mesh, axis)``: the six of the
+chapter, and ``allgather_bidi`` again with one full-size matmul per step."""
 
 FAMILY_SPECS: dict[str, Callable[[str], tuple[P, P]]] = {
     name: (allgather_specs if name.startswith("allgather")

@@ -39,12 +39,18 @@ class CompiledMatmul:
         return self.program(self.lhs, self.rhs)
 
 
+def is_bidi(name: str) -> bool:
+    """Whether variant ``name`` sends half of each block each way round (its blocks are
+    halves: twice as many as the ring has devices)."""
+    return "_bidi" in name
+
+
 def compile_variant(name: str, lhs: Any, rhs: Any, mesh: Mesh,
                     axis_name: str) -> CompiledMatmul:
     """Lay out ``lhs`` and ``rhs`` as variant ``name`` needs; compile it."""
     matmul = variant(name)
     ring = axis_size(mesh, axis_name)
-    bidi = 2 if name.endswith("bidi") else 1
+    bidi = 2 if is_bidi(name) else 1
     check_shapes(lhs, rhs, rows_by=ring * (bidi if name.startswith("reduce") else 1),
                  contraction_by=ring * (bidi if name.startswith("allgather") else 1))
     lhs_spec, rhs_spec = FAMILY_SPECS[name](axis_name)
@@ -75,7 +81,7 @@ def ring_bound_bytes(name: str, m: int, k: int, n: int, itemsize: int,
     itemsize = checks.one_of("itemsize (bytes per element)",
                              checks.count("itemsize", itemsize), ITEMSIZES)
     ring = checks.count("ring", ring, maximum=checks.MAX_DEVICES)
-    blocks = ring * (2 if name.endswith("bidi") else 1)
+    blocks = ring * (2 if is_bidi(name) else 1)
     if name.startswith("allgather"):
         checks.divisible("k (rows of rhs)", k, blocks, why=f"into the blocks of {name} on {ring}")
     else:
@@ -108,8 +114,9 @@ def bytes_by_direction(ops: Sequence[Any], ring: int) -> dict[str, int]:
     other collectives count as ``other``. (On a ring of 2 both neighbours
     are the same device; everything then counts as ``forward``.)
 
-    A send is a step round the ring when its device ids differ by one (or
-    wrap from the last device to the first). Sends that go round a ring of
+    A send is a step round the ring when its positions (in the program's
+    device list, which the HLO pairs name) differ by one (or wrap from the
+    last position to the first). Sends that go round a ring of
     another size than ``ring``, or ops none of whose collectives run over ``ring`` devices,
     raise ``InputError``: ``ring`` is wrong.
     """
@@ -189,6 +196,27 @@ def _matmul_steps(compiled: CompiledMatmul) -> list[tuple[Any, bool]]:
         return ins.opcode == "dot" or any(has_dot(c) for c in called if c in module.computations)
 
     return [(ins, is_matmul(ins)) for ins in module.computations[module.entry]]
+
+
+def dot_shapes(compiled: CompiledMatmul) -> list[str]:
+    """The matmuls of a compiled variant, one ``"(a, b) @ (b, c)"`` per ``dot`` instruction
+    of its program (fused or not), read from the program's HLO: how many matmuls it runs
+    and how big each is."""
+    from spmd_guide.core.hlo_text import parse_module, program_text
+
+    if not isinstance(compiled, CompiledMatmul):
+        raise checks.InputTypeError(
+            f"compiled must come from compile_variant(name, lhs, rhs, mesh, axis_name), "
+            f"got {compiled!r:.60}.")
+    module = parse_module(program_text(compiled.program))
+    found = []
+    for instructions in module.computations.values():
+        table = {ins.name: ins for ins in instructions}
+        for ins in instructions:
+            if ins.opcode == "dot":
+                a, b = (table[name].result[0].shape for name in ins.operands[:2])
+                found.append(f"{tuple(a)} @ {tuple(b)}")
+    return found
 
 
 def matmuls_before_first_transfer(compiled: CompiledMatmul) -> tuple[int, int]:
@@ -316,7 +344,7 @@ def ring_schedule(name: str, ring: int) -> list[RingStep]:
         if name == "allgather_overlapped":
             blocks = tuple(((d - s) % ring,) for d in devices)
             sends = forward
-        elif name == "allgather_bidi":
+        elif name.startswith("allgather_bidi"):
             blocks = tuple(((d - s) % ring, (d + s) % ring) for d in devices)
             sends = forward + backward
         elif name == "reduce_scatter_overlapped":
@@ -358,7 +386,7 @@ def draw_ring(name: str, ring: int, **options: Any) -> Any:
         what = "the rhs block each device multiplies"
     else:
         what = "the output row block each device adds to"
-    if name.endswith("bidi"):
+    if is_bidi(name):
         what += (" (forward half, backward half)" if gather
                  else " (top half, bottom half)")
     panels = [Panel(step.title, [list(b) for b in step.blocks],

@@ -1,7 +1,7 @@
 """The Part IX transformer priced per strategy (the page "Pricing the transformer" of Part
 V): one training step of each strategy compiled at a size worth pricing, on
 ``jax.ShapeDtypeStruct``s laid out as the strategy lays out real arrays. Nothing is run; the
-counts feed :func:`spmd_guide.rooflines.roofline_pages.predict_strategies`.
+counts feed :func:`spmd_guide.rooflines.strategies.predict_strategies`.
 
 It lives with the transformer, not with the rooflines, because it needs both: the rooflines
 topic comes earlier in the book and imports no later topic.
