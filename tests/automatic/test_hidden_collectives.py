@@ -102,3 +102,23 @@ def test_bad_input_is_refused():
         hc.shuffle_rows(jax.random.split(jax.random.key(0), 3), jnp.ones((4, 3)))
     with pytest.raises(checks.InputError, match="not divisible by 4"):
         hc.shuffle_rows_local(jax.random.split(jax.random.key(0), 6), jnp.ones((6, 3)), mesh, "x")
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_the_pages_other_claims_cond_vmap_loop_and_permutation(k):
+    """The page says: a cond on sharded data all-reduces its predicate; a vmap-ed while loop
+    all-reduces "does any example go on?" per trip; permuting a sharded vector all-gathers."""
+    from spmd_guide.core import hlo_loops
+
+    x = jax.device_put(jnp.arange(1.0, 4 * k + 1), NamedSharding(mesh_of(k), P("x")))
+    cond = jax.jit(lambda v: jax.lax.cond(jnp.max(v) > 3, lambda a: 2 * a, lambda a: a - 1, v))
+    assert kinds(cond, x) == ["all-reduce"]
+
+    def one(v):
+        return jax.lax.while_loop(lambda a: a < 100.0, lambda a: 2 * a, v)
+
+    (loop,) = hlo_loops.loops(jax.jit(jax.vmap(one)), x)
+    assert [op.kind for op in loop.condition] == ["all-reduce"] and loop.body == ()
+    permute = jax.jit(lambda v: jax.random.permutation(jax.random.key(1), v))
+    assert kinds(permute, x) == ["all-gather"]
+    np.testing.assert_array_equal(np.sort(np.asarray(permute(x))), np.asarray(x))
