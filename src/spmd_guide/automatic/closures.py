@@ -58,6 +58,7 @@ def constants(program: str | jax.stages.Compiled, *, min_bytes: int = 1024) -> l
 def lowered_size(fn: Callable[..., Any], *args: Any) -> int:
     """Characters of ``fn``'s lowered program (StableHLO text) on ``args``: a constant
     compiled in is written there in full."""
+    checks.function("fn", fn)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     return len(jitted.lower(*args).as_text())
 
