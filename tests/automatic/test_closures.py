@@ -63,3 +63,8 @@ def test_memory_analysis_does_not_see_the_constant():
     assert stats.argument_size_in_bytes == 0
     assert stats.temp_size_in_bytes < state.nbytes
     assert stats.output_size_in_bytes == state.nbytes // 8
+
+
+def test_lowered_size_needs_a_function():
+    with pytest.raises(checks.InputTypeError):
+        closures.lowered_size("not a function")
