@@ -130,3 +130,23 @@ def test_bad_input_is_refused():
         uneven.fsdp_spec((8,), 2, "")
     with pytest.raises(checks.InputTypeError):
         uneven.constrained_sum(jnp.ones(4), P("x"))
+
+
+def test_over_two_axes_the_split_is_named_by_leading_axes_or_not_at_all():
+    """The page's 2 x 4 mesh: six elements constrained to P(('a', 'b')) come back P('a');
+    constrained to P('b') they come back with a GSPMDSharding that has no PartitionSpec."""
+    mesh = mesh_of(8, ("a", "b"), (2, 4))
+    six = jnp.arange(6.0)
+
+    def returned(spec):
+        return jax.jit(lambda v: jax.lax.with_sharding_constraint(
+            2 * v, NamedSharding(mesh, spec)))(six)
+
+    both = returned(P(("a", "b")))
+    assert isinstance(both.sharding, NamedSharding) and both.sharding.spec == P("a")
+    only_b = returned(P("b"))
+    assert not isinstance(only_b.sharding, NamedSharding)
+    assert type(only_b.sharding).__name__ == "GSPMDSharding"
+    for out in (both, only_b):
+        assert out.addressable_shards[0].data.shape == (3,)
+        np.testing.assert_array_equal(np.asarray(out), 2 * np.arange(6.0))
