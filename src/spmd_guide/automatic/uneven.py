@@ -8,11 +8,14 @@ partitioner, measured on XLA:CPU:
 * an **intermediate** value is padded: each device holds ``ceil(n / k)`` elements, the last
   blocks partly padding, masked where it matters (:func:`constrained_sum`);
 * a **returned** value gets the layout the compiler chose for the program's output, and JAX
-  must name that layout as a ``NamedSharding``. The compiler splits the dimension
+  must name that layout as a ``NamedSharding``. Over one mesh axis of ``k`` devices, the
+  compiler splits the dimension
   ``g = gcd(n, k)`` ways. ``g = k``: the constraint held (``n`` was even after all). ``g = 1``:
   the output is replicated, every device holding all ``n`` (``P()``), silently. Otherwise a
   split in ``g`` parts over an axis of ``k`` devices has no ``PartitionSpec``, and the compile
   fails with an ``IndivisibleError`` that names the tiling ``[g, k/g]``, not your shape.
+  Over several axes the split may be named by the leading axes, or come back as a
+  ``GSPMDSharding`` with no ``PartitionSpec`` (the tests pin one case of each).
 
 :func:`returned_layout` states that rule; :func:`observed_layout` measures it (tests check
 that the two agree on many lengths, so a JAX release that changes the rule fails a test).
