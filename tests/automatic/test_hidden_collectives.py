@@ -26,7 +26,7 @@ def kinds(fn, *args):
     return [op.kind for op in hlo.collectives(fn, *args)]
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_sorting_along_the_sharded_axis_gathers(k):
     mesh = mesh_of(k)
     host = np.random.default_rng(k).standard_normal(6 * k).astype(np.float32)
@@ -42,7 +42,7 @@ def test_sorting_along_the_sharded_axis_gathers(k):
                                       np.sort(matrix_host, axis=axis))
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_shuffling_rows_is_local_and_shard_map_gives_the_same_rows(k):
     mesh = mesh_of(k)
     rows, cols = 3 * k, 10
@@ -60,6 +60,7 @@ def test_shuffling_rows_is_local_and_shard_map_gives_the_same_rows(k):
     assert not np.array_equal(np.asarray(one_device), x_host)
 
 
+@pytest.mark.slow
 def test_the_issue_20381_program_has_no_all_gather_with_either_partitioner():
     out = run_python("""
         import jax, jax.numpy as jnp

@@ -78,6 +78,7 @@ def test_the_error_names_the_tiling_and_17_by_16_comes_back_replicated():
     assert out.addressable_shards[0].data.shape == (17, 16)
 
 
+@pytest.mark.slow
 def test_gspmd_replicates_every_uneven_returned_constraint():
     out = run_python("""
         import jax

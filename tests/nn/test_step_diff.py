@@ -15,7 +15,8 @@ from spmd_guide.core import checks
 from spmd_guide.nn import step_diff
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4,
+                               pytest.param(8, marks=pytest.mark.slow)])
 def test_one_key_gives_every_device_the_same_mask(k):
     mesh = mesh_of(k)
     acts = jax.device_put(jnp.ones((16 * k, 24)), NamedSharding(mesh, P("x")))

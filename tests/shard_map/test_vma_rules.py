@@ -18,7 +18,7 @@ from spmd_guide.core import checks
 from spmd_guide.shard_map import vma_rules
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_psum_of_a_psum_is_k_times_the_total(k):
     x = np.arange(3 * k, dtype=np.float32)
     for check_vma in (True, False):
@@ -33,7 +33,7 @@ def test_psum_of_a_psum_is_k_times_the_total(k):
     assert float(pmean) == x.sum()
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)])
 def test_mixing_varying_and_invariant_needs_pcast_without_auto_pcast(k):
     mesh = mesh_of(k)
     x = np.arange(2 * k, dtype=np.float32)
