@@ -2,7 +2,7 @@
 builder (`devices`), the one presentation layer (`display`), every picture (`drawing`;
 per-device timelines in `timeline`),
 reading compiled programs (`hlo_text` parses, `device_groups` reads which devices it names,
-`hlo` compiles and counts), what JAX traced
+`hlo` compiles and counts, `hlo_loops` counts per loop trip), what JAX traced
 (`traced`), honest timing (`timing`) and benchmark tables kept with provenance (`results`).
 
 `core` imports no topic; every page uses it (`display`, `hlo` on most pages).

@@ -24,7 +24,8 @@ of devices in the largest connected set of its ``source_target_pairs`` (a ring o
 A group of one device sends nothing (``n = 1`` gives 0 bytes). Each op's figure is rounded
 down to whole bytes. Ops inside a loop body (``while``, e.g. from ``lax.scan``) are counted
 once per appearance in the program text, not once per trip (and a computation called from
-two places is read once): multiply by the trip count yourself when a loop matters. The
+two places is read once): :mod:`spmd_guide.core.hlo_loops` lists each loop's collectives
+per trip, with XLA's trip count when it knows one. The
 model counts bytes on the wire, not time: it ignores latency, link topology and overlap
 with compute.
 

@@ -10,6 +10,8 @@ on many devices.
 - `remat`: what the compiler keeps of FSDP's rematerialization (nn/manual_parallelism).
 - `cheat_sheet`: the PartitionSpec cheat sheet, read off compiled programs (nn/cheat_sheet).
 - `which_strategy`: the decision guide (nn/which_strategy).
+- `step_diff`: what a jit step and a shard_map step compute, before comparing their speed
+  (nn/which_strategy).
 
     from spmd_guide.nn import STRATEGIES, init_mlp, mlp_loss
 
