@@ -106,7 +106,7 @@ def facts(x: jax.Array, local_shape: Sequence[int]) -> dict[str, Any]:
     gathered = multihost_utils.process_allgather(x, tiled=True)
     return {
         "global_shape_from_local": list(guess.shape),
-        "abstract": str(guess),
+        "abstract": f"ShapeDtypeStruct({guess.shape}, {guess.dtype}, {guess.sharding.spec})",
         "eval_shape": f"{doubled.shape} {doubled.sharding.spec}",
         "allgathered": np.asarray(gathered).tolist(),
         "gather_to_one_error": gather_to_one_error(x),

@@ -239,9 +239,11 @@ def _started(name: str, start: Any, num_processes: int) -> list[int]:
     """The process ids to start: all of ``range(num_processes)``, or the distinct ids listed."""
     if start is None:
         return list(range(num_processes))
-    if isinstance(start, (str, bytes)) or not isinstance(start, Sequence) or not start:
+    if isinstance(start, (str, bytes)) or not isinstance(start, Sequence):
         raise checks.InputTypeError(
-            f"{name} must be a non-empty list of process ids such as [0], got {start!r:.60}.")
+            f"{name} must be a list of process ids such as [0], got {start!r:.60}.")
+    if not start:
+        raise checks.InputError(f"{name} must name at least one process to start, got [].")
     ids = [checks.count(name, i, minimum=0, maximum=num_processes - 1) for i in start]
     if len(set(ids)) != len(ids):
         raise checks.InputError(f"{name} names a process twice: {list(start)}.")

@@ -19,6 +19,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
 
@@ -60,3 +63,16 @@ def save_and_restore(state: Any, directory: str | os.PathLike[str], *,
     return {"save_seconds": round(seconds, 2),
             "entries": sorted(p.name for p in path.iterdir()),
             "restored_equal": all(jax.tree.leaves(same))}
+
+
+def save_from(*, directory: str, savers: Sequence[int] | None = None,
+              rows_per_device: int = 2) -> dict[str, Any]:
+    """In each launched process: a global ``(rows_per_device * devices, 2)`` array split
+    over every device, each process passing its own rows, saved and restored by
+    :func:`save_and_restore` (``savers``: the processes that call ``save``)."""
+    rows_per_device = checks.count("rows_per_device", rows_per_device)
+    mesh = jax.make_mesh((jax.device_count(),), ("data",), axis_types=(AxisType.Explicit,))
+    rows = rows_per_device * jax.local_device_count()
+    local = np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) + 100 * jax.process_index()
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local)
+    return save_and_restore({"x": x}, directory, savers=savers)
