@@ -53,9 +53,12 @@ def test_an_exit_is_noticed_like_a_freeze_unless_process_0_exits(nothing_left):
     assert ended[("stop", 1)].results[0].ended == "signal 6 (SIGABRT)"
 
     first_gone, other = ended[("exit", 0)].results
-    assert first_gone.ended == "exit code 0" and other.ended == "signal 6 (SIGABRT)"
+    assert first_gone.ended == "exit code 0"
+    # Its all-reduce fails ("Connection closed by peer": exit code 1) as the runtime aborts
+    # it for the lost service (SIGABRT): whichever comes first, it comes at once.
+    assert other.ended in ("exit code 1", "signal 6 (SIGABRT)")
     assert service_verdict(other.stderr) is None  # nobody declared dead: the service is gone
-    assert failures.short_verdict(other.stderr).startswith("UNAVAILABLE")
+    assert failures.short_verdict(other.stderr).startswith("UNAVAILABLE: ")
     assert other.seconds - first_gone.seconds < 1.0  # at once, not after a heartbeat timeout
 
     table = failures.failure_table(ended).rows
@@ -98,8 +101,10 @@ def test_short_verdicts_read_the_runtime_s_words():
                   "errors. absl::Status: UNAVAILABLE: The following tasks are unhealthy "
                   "(stopped sending heartbeats):\n1\nThe tasks have crashed.")
     assert failures.short_verdict(heartbeats) == "service: process 1 stopped heartbeats"
-    lost = "x absl::Status: UNAVAILABLE: Stream removed (Socket closed)\nmore"
-    assert failures.short_verdict(lost) == "UNAVAILABLE: Stream removed (Socket closed)"
+    lost = ("x absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either "
+            "the leader died.\nmore")
+    assert failures.short_verdict(lost) == (
+        "UNAVAILABLE: Failed to send RPC to coordination service.")
     assert failures.short_verdict("Traceback: ValueError") == ""
 
 

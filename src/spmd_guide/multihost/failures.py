@@ -132,8 +132,8 @@ def failure_table(ended: dict[tuple[str, int], Any]) -> Table:
 
 def short_verdict(stderr: str) -> str:
     """What ended a process, in a few words, from its ``stderr``: which process the
-    coordination service declared dead, else the status JAX's distributed runtime gave (and
-    the call it gave it for), else ``""``."""
+    coordination service declared dead, else the first sentence of the status JAX's
+    distributed runtime gave (and the call it gave it for), else ``""``."""
     verdict = multihost.service_verdict(stderr)
     if verdict is not None:
         return f"service: process {verdict.rsplit(':', 1)[1].strip(' .')} stopped heartbeats"
@@ -141,7 +141,9 @@ def short_verdict(stderr: str) -> str:
     if status is None:
         return ""
     rpc = _RPC.search(stderr)
-    return f"{status[1]}: {status[2].strip()}" + (f" ({rpc[1]})" if rpc else "")
+    first = re.match(r".*?\.(?=\s|$)", status[2].strip())  # its first sentence
+    said = first.group(0) if first else status[2].strip()
+    return f"{status[1]}: {said}" + (f" ({rpc[1]})" if rpc else "")
 
 
 _STATUS = re.compile(r"absl::Status: ([A-Z_]+): ([^\n]*)")

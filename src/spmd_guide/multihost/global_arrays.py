@@ -105,6 +105,7 @@ def facts(x: jax.Array, local_shape: Sequence[int]) -> dict[str, Any]:
     doubled = jax.eval_shape(lambda a: 2 * a, guess)
     gathered = multihost_utils.process_allgather(x, tiled=True)
     return {
+        "local_shape": list(local_shape),
         "global_shape_from_local": list(guess.shape),
         "abstract": f"ShapeDtypeStruct({guess.shape}, {guess.dtype}, {guess.sharding.spec})",
         "eval_shape": f"{doubled.shape} {doubled.sharding.spec}",
