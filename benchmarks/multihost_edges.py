@@ -58,12 +58,13 @@ def main(argv: list[str]) -> int:
                                         num_processes=2, devices_per_process=2,
                                         timeout=args.limit,
                                         kwargs={"directory": str(directory), "savers": savers})
-            except multihost.ProcessTimeout as stopped:
+            except multihost.ProcessFailed as stopped:  # a ProcessTimeout too
                 done = stopped.results
-                case += f" (stopped at the {args.limit:g} s limit)"
+                if isinstance(stopped, multihost.ProcessTimeout):
+                    case += f" (stopped at the {args.limit:g} s limit)"
             on_disk = "step on disk" if directory.exists() else "nothing on disk"
             for row in rows_of(case, done, failures):
-                row["why"] = row["why"] or on_disk
+                row["why"] = "; ".join(filter(None, [row["why"], on_disk]))
                 rows.append(row)
     ended = failures.failure_modes((("exit", 0),), heartbeat_timeout=100, timeout=150)
     rows += rows_of("process 0 exits, heartbeat timeout 100 s", ended[("exit", 0)].results,

@@ -106,6 +106,11 @@ def test_short_verdicts_read_the_runtime_s_words():
     assert failures.short_verdict(lost) == (
         "UNAVAILABLE: Failed to send RPC to coordination service.")
     assert failures.short_verdict("Traceback: ValueError") == ""
+    raised = ("jax.errors.JaxRuntimeError: UNKNOWN: Gloo context initialization failed: "
+              "DEADLINE_EXCEEDED: GetKeyValue() timed out [type.googleapis.com/x='']")
+    assert failures.short_verdict(raised) == (
+        "UNKNOWN: Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed "
+        "out")
 
 
 BAD_INPUT = [

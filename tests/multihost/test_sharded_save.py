@@ -35,9 +35,10 @@ def test_savers_beyond_the_processes_are_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_save_called_by_process_0_alone_never_finishes(tmp_path, nothing_left):
+def test_a_save_called_by_process_0_alone_does_not_finish(tmp_path, nothing_left):
     """multihost.md (review N1): Orbax's save waits for every process; process 0 alone waits
-    until the launcher's time limit, and nothing reaches the disk."""
+    (here past the launcher's 20 s limit; gloo gives up on the other process after 30 s),
+    and nothing reaches the disk."""
     with pytest.raises(ProcessTimeout) as caught:
         launch("spmd_guide.multihost.sharded_save:save_from", num_processes=2,
                devices_per_process=2, timeout=20,

@@ -133,11 +133,12 @@ def failure_table(ended: dict[tuple[str, int], Any]) -> Table:
 def short_verdict(stderr: str) -> str:
     """What ended a process, in a few words, from its ``stderr``: which process the
     coordination service declared dead, else the first sentence of the status JAX's
-    distributed runtime gave (and the call it gave it for), else ``""``."""
+    distributed runtime gave (and the call it gave it for), else that of the
+    ``JaxRuntimeError`` it raised, else ``""``."""
     verdict = multihost.service_verdict(stderr)
     if verdict is not None:
         return f"service: process {verdict.rsplit(':', 1)[1].strip(' .')} stopped heartbeats"
-    status = _STATUS.search(stderr)
+    status = _STATUS.search(stderr) or _RAISED.search(stderr)
     if status is None:
         return ""
     rpc = _RPC.search(stderr)
@@ -148,6 +149,7 @@ def short_verdict(stderr: str) -> str:
 
 _STATUS = re.compile(r"absl::Status: ([A-Z_]+): ([^\n]*)")
 _RPC = re.compile(r"RPC: (\S+)")
+_RAISED = re.compile(r"JaxRuntimeError: ([A-Z_]+): ([^\n\[]*)")
 
 
 def partial_start(*, missing: int = 1, initialization_timeout: int = 1,
