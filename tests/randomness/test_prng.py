@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import mesh_of
+from helpers import mesh_of, run_python
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -80,6 +80,74 @@ def test_same_key_same_numbers_whatever_the_sharding():
         assert sampled.sharding.is_equivalent_to(sharding, 2)
         np.testing.assert_array_equal(np.asarray(sampled), reference)
         assert sum(hlo.collective_counts(generate, key).values()) == 0
+
+
+LAYOUT_PROBE = """
+import json
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from spmd_guide.randomness import prng
+
+key = jax.random.key(0)
+def mesh(k, names=("x",), shape=None):
+    return jax.make_mesh(shape or (k,), names, devices=jax.devices()[:k])
+out = {}
+for label, shape, m, spec in [("page", (496, 3), mesh(8), P("x")),
+                              ("48x3", (48, 3), mesh(8), P("x")),
+                              ("40x5 on 4", (40, 5), mesh(4), P("x")),
+                              ("16x8 on 2x4", (16, 8), mesh(8, ("a", "b"), (2, 4)), P("a", "b"))]:
+    out[label] = {r["sampler"]: r for r in prng.layout_differences(
+        key, shape, NamedSharding(m, spec))}
+normal = jax.jit(jax.random.normal, static_argnums=1)
+out["prefix bits equal"] = bool((jax.random.bits(key, (62, 3))
+                                 == jax.random.bits(key, (496, 3))[:62]).all())
+out["prefix normal differ"] = int((normal(key, (62, 3)) != normal(key, (496, 3))[:62]).sum())
+print(json.dumps(out))
+"""
+
+
+def test_the_bits_never_depend_on_the_layout_the_floats_of_normal_may():
+    """random_numbers.md (review N2), the contract exactly, on XLA:CPU with JAX 0.12 at its
+    default optimization (a child Python: this suite turns LLVM's optimization off): bits,
+    and the samplers that turn bits into values exactly (uniform, bernoulli), equal the
+    one-device draw in every layout; normal and truncated_normal differ in a few elements,
+    by 1-2 ulp, for some shapes (the page's (496, 3) over 8 devices), and a prefix shape
+    keeps the bits but not always normal's floats. A JAX release that changes either half
+    fails here, and the page's sentences must change with it."""
+    import json
+
+    out = json.loads(run_python(LAYOUT_PROBE, devices=8))
+    page = out.pop("page")
+    for exact in ("bits", "uniform", "bernoulli"):
+        assert page[exact]["differ from 1 device"] == 0, page[exact]
+    for floats in ("normal", "truncated_normal"):
+        assert 0 < page[floats]["differ from 1 device"] <= 10, page[floats]
+        assert 1 <= page[floats]["most ulp apart"] <= 4, page[floats]
+    assert out.pop("prefix bits equal") is True
+    assert 0 < out.pop("prefix normal differ") <= 5
+    for label, rows in out.items():  # other shapes and layouts
+        for exact in ("bits", "uniform", "bernoulli"):
+            assert rows[exact]["differ from 1 device"] == 0, (label, rows[exact])
+        assert all(r["most ulp apart"] <= 4 for r in rows.values()), (label, rows)
+
+
+def test_without_llvm_optimization_the_floats_agree_too(devices):
+    """This suite's own setting (--xla_backend_optimization_level=0, helpers.py): the same
+    draw of normal agrees in every layout, so the page's 1-2 ulp come from LLVM's
+    optimization of the float math, not from the generator."""
+    rows = prng.layout_differences(jax.random.key(0), (496, 3),
+                                   NamedSharding(mesh_of(8), P("x")))
+    assert all(r["differ from 1 device"] == 0 for r in rows), rows
+
+
+def test_layout_differences_refuses_bad_input():
+    sharding = NamedSharding(mesh_of(8), P("x"))
+    with pytest.raises(InputTypeError, match="samplers"):
+        prng.layout_differences(jax.random.key(0), (8,), sharding, samplers="normal")
+    with pytest.raises(InputError, match="choose one of"):
+        prng.layout_differences(jax.random.key(0), (8,), sharding, samplers=["gauss"])
+    with pytest.raises(InputError, match="not divisible by 8"):
+        prng.layout_differences(jax.random.key(0), (7,), sharding)
 
 
 @pytest.mark.parametrize("explicit", [False, True])
