@@ -295,7 +295,7 @@ def test_one_process_reads_shared_chunks_once(tmp_path):
     # restores it reads more than the saved layout and less than the count of separate reads.
     tp_like = training.state_like(PAGE_CONFIG, strategy="tp", n_devices=4)["params"]
     low, high = anatomy.file_bytes_read_range(tmp_path, like=tp_like, repeats=3)
-    assert measured["fsdp_tp"] < low <= high < modeled["tp"]
+    assert 0.9 * measured["fsdp_tp"] < low <= high < modeled["tp"]
     with pytest.raises(InputError, match="structure"):  # refused before anything is read
         anatomy.file_bytes_read(tmp_path, like={"w": like["embed"]})
     for repeats in (0, 1.5, True):
