@@ -91,41 +91,57 @@ from spmd_guide.randomness import prng
 key = jax.random.key(0)
 def mesh(k, names=("x",), shape=None):
     return jax.make_mesh(shape or (k,), names, devices=jax.devices()[:k])
+CASES = {"page": ((496, 3), mesh(8), P("x")),
+         "48x3": ((48, 3), mesh(8), P("x")),
+         "40x5 on 4": ((40, 5), mesh(4), P("x")),
+         "16x8 on 2x4": ((16, 8), mesh(8, ("a", "b"), (2, 4)), P("a", "b"))}
 out = {}
-for label, shape, m, spec in [("page", (496, 3), mesh(8), P("x")),
-                              ("48x3", (48, 3), mesh(8), P("x")),
-                              ("40x5 on 4", (40, 5), mesh(4), P("x")),
-                              ("16x8 on 2x4", (16, 8), mesh(8, ("a", "b"), (2, 4)), P("a", "b"))]:
+for label in LABELS:
+    shape, m, spec = CASES[label]
     out[label] = {r["sampler"]: r for r in prng.layout_differences(
-        key, shape, NamedSharding(m, spec))}
-normal = jax.jit(jax.random.normal, static_argnums=1)
-out["prefix bits equal"] = bool((jax.random.bits(key, (62, 3))
-                                 == jax.random.bits(key, (496, 3))[:62]).all())
-out["prefix normal differ"] = int((normal(key, (62, 3)) != normal(key, (496, 3))[:62]).sum())
+        key, shape, NamedSharding(m, spec), samplers=SAMPLERS)}
+if PREFIX:
+    normal = jax.jit(jax.random.normal, static_argnums=1)
+    out["prefix bits equal"] = bool((jax.random.bits(key, (62, 3))
+                                     == jax.random.bits(key, (496, 3))[:62]).all())
+    out["prefix normal differ"] = int((normal(key, (62, 3))
+                                       != normal(key, (496, 3))[:62]).sum())
 print(json.dumps(out))
 """
 
 
-def test_the_bits_never_depend_on_the_layout_the_floats_of_normal_may():
-    """random_numbers.md (review N2), the contract exactly, on XLA:CPU with JAX 0.12 at its
-    default optimization (a child Python: this suite turns LLVM's optimization off): bits,
-    and the samplers that turn bits into values exactly (uniform, bernoulli), equal the
-    one-device draw in every layout; normal and truncated_normal differ in a few elements,
-    by 1-2 ulp, for some shapes (the page's (496, 3) over 8 devices), and a prefix shape
-    keeps the bits but not always normal's floats. A JAX release that changes either half
-    fails here, and the page's sentences must change with it."""
+def _probe(labels, samplers, *, prefix=False):
+    """Run LAYOUT_PROBE in a child Python of 8 devices at XLA:CPU's default optimization
+    (this suite turns LLVM's optimization off, and the float gaps with it)."""
     import json
 
-    out = json.loads(run_python(LAYOUT_PROBE, devices=8))
-    page = out.pop("page")
-    for exact in ("bits", "uniform", "bernoulli"):
-        assert page[exact]["differ from 1 device"] == 0, page[exact]
-    for floats in ("normal", "truncated_normal"):
-        assert 0 < page[floats]["differ from 1 device"] <= 10, page[floats]
-        assert 1 <= page[floats]["most ulp apart"] <= 4, page[floats]
-    assert out.pop("prefix bits equal") is True
-    assert 0 < out.pop("prefix normal differ") <= 5
-    for label, rows in out.items():  # other shapes and layouts
+    head = f"LABELS = {list(labels)!r}\nSAMPLERS = {list(samplers)!r}\nPREFIX = {prefix}\n"
+    return json.loads(run_python(head + LAYOUT_PROBE, devices=8))
+
+
+@pytest.mark.slow  # a child Python: seconds the quick suite cannot spare
+def test_the_bits_never_depend_on_the_layout_the_floats_of_normal_may():
+    """random_numbers.md (review N2), the contract exactly, on XLA:CPU with JAX 0.12 at its
+    default optimization: the bits equal the one-device draw in the page's layout; normal
+    differs in a few elements, by 1-2 ulp; a prefix shape keeps the bits but not always
+    normal's floats. A JAX release that changes either half fails here, and the page's
+    sentences must change with it."""
+    out = _probe(["page"], ["bits", "normal"], prefix=True)
+    page = out["page"]
+    assert page["bits"]["differ from 1 device"] == 0, page["bits"]
+    assert 0 < page["normal"]["differ from 1 device"] <= 10, page["normal"]
+    assert 1 <= page["normal"]["most ulp apart"] <= 4, page["normal"]
+    assert out["prefix bits equal"] is True
+    assert 0 < out["prefix normal differ"] <= 5
+
+
+@pytest.mark.slow
+def test_every_sampler_in_every_layout_keeps_the_bits_and_a_few_ulp():
+    """The sweep behind the page's table: uniform and bernoulli are exact like the bits in
+    every layout and shape; normal and truncated_normal stay within a few ulp."""
+    out = _probe(["page", "48x3", "40x5 on 4", "16x8 on 2x4"], list(prng.SAMPLERS))
+    assert 0 < out["page"]["truncated_normal"]["differ from 1 device"] <= 10
+    for label, rows in out.items():
         for exact in ("bits", "uniform", "bernoulli"):
             assert rows[exact]["differ from 1 device"] == 0, (label, rows[exact])
         assert all(r["most ulp apart"] <= 4 for r in rows.values()), (label, rows)
