@@ -139,3 +139,27 @@ BAD_INPUT = [
 def test_bad_input_gets_the_packages_clear_error(call, error, word):
     with pytest.raises(error, match=word):
         call()
+
+
+def test_the_kept_run_of_the_slow_cases_says_what_the_page_reads():
+    """multihost.md shows benchmarks/results/multihost_edges.json (benchmarks/multihost_edges.py):
+    a partial start ends in SIGABRT on RegisterTask's deadline whichever process is missing,
+    a save by process 0 alone leaves nothing on disk and one by both a step, and process 0's
+    exit ends process 1 at once even at the default heartbeat timeout of 100 s."""
+    from pathlib import Path
+
+    from spmd_guide.core import results
+
+    kept = results.load(Path(__file__).parents[2] / "benchmarks/results/multihost_edges.json")
+    rows = {(r["case"].split(" (")[0], r["process"]): r for r in kept.rows}
+    for missing in (0, 1):
+        alone = rows[(f"partial start: process {missing} never starts", 1 - missing)]
+        assert alone["ended"] == "signal 6 (SIGABRT)"
+        assert alone["why"].startswith("DEADLINE_EXCEEDED") and "RegisterTask" in alone["why"]
+    assert all(rows[("Orbax save by process 0 alone", p)]["why"].endswith("nothing on disk")
+               for p in (0, 1))
+    assert all(rows[("Orbax save by every process", p)]["why"] == "step on disk"
+               for p in (0, 1))
+    first, other = (rows[("process 0 exits, heartbeat timeout 100 s", p)] for p in (0, 1))
+    assert other["after (s)"] - first["after (s)"] < 1.0
+    assert other["why"].startswith("UNAVAILABLE")
