@@ -11,7 +11,7 @@ Each bad input is counted as
 
 Valid edge cases (NumPy integers, lists, bfloat16, one-device meshes) must return. The
 modules covered are those of issue #18's second half: prng, data, multihost,
-multihost_examples, api_changes, timing, collectives, collective_matmul, show (its
+multihost (describe, failures, problem, step), api_changes, timing, collectives, collective_matmul, show (its
 non-drawing functions). Also reports how many public functions check their input.
 """
 
@@ -39,12 +39,12 @@ from spmd_guide.appendix import api_changes  # noqa: E402
 from spmd_guide.core import hlo, timing  # noqa: E402
 from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import show  # noqa: E402
-from spmd_guide.multihost import multihost, multihost_examples  # noqa: E402
+from spmd_guide.multihost import cluster, describe, failures, multihost, problem, step  # noqa: E402
 from spmd_guide.randomness import data, prng  # noqa: E402
 from spmd_guide.shard_map import collective_matmul, collectives  # noqa: E402
 
-MODULES = [prng, data, multihost, multihost_examples, api_changes, timing, collectives,
-           collective_matmul, show]
+MODULES = [prng, data, multihost, describe, failures, problem, step, api_changes, timing,
+           collectives, collective_matmul, show]
 #: Drawing code, moving to its own module (not part of this audit).
 DRAWING = {"ring_diagram", "tpu_v3_tray", "Panel", "draw_panels", "device_color",
            "draw_collective", "example_panels", "draw_ring", "ring_hops", "StandInDevice"}
@@ -64,7 +64,7 @@ ROWS = NamedSharding(M2, P("x"))
 SHARDED = jax.device_put(np.arange(8.0), ROWS)
 DATASET = (np.arange(16.0).reshape(8, 2), np.arange(8))
 WORK = tempfile.mkdtemp()
-PROBLEM = multihost_examples.save_problem(f"{WORK}/problem.npz")
+PROBLEM = problem.save_problem(f"{WORK}/problem.npz")
 RESULT = multihost.ProcessResult(process_id=0, returncode=0, stdout="", stderr="")
 
 
@@ -282,56 +282,56 @@ BAD = {
     "mh: still_running default pid": lambda: multihost.still_running([RESULT]),
     "mh: still_running one result": lambda: multihost.still_running(RESULT),
     "mh: still_running ints": lambda: multihost.still_running([1234]),
-    "mh: launch processes 0": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch processes 0": lambda: multihost.launch(failures.misbehave,
                                                        num_processes=0),
-    "mh: launch processes 1.5": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch processes 1.5": lambda: multihost.launch(failures.misbehave,
                                                          num_processes=1.5),
-    "mh: launch processes 10**6": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch processes 10**6": lambda: multihost.launch(failures.misbehave,
                                                            num_processes=10**6),
-    "mh: launch devices 0": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch devices 0": lambda: multihost.launch(failures.misbehave,
                                                      devices_per_process=0),
-    "mh: launch timeout 0": lambda: multihost.launch(multihost_examples.misbehave, timeout=0),
-    "mh: launch timeout str": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch timeout 0": lambda: multihost.launch(failures.misbehave, timeout=0),
+    "mh: launch timeout str": lambda: multihost.launch(failures.misbehave,
                                                        timeout="60"),
-    "mh: launch timeout nan": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch timeout nan": lambda: multihost.launch(failures.misbehave,
                                                        timeout=float("nan")),
-    "mh: launch kwargs list": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch kwargs list": lambda: multihost.launch(failures.misbehave,
                                                        kwargs=[("raise_on", 0)]),
-    "mh: launch kwargs object": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch kwargs object": lambda: multihost.launch(failures.misbehave,
                                                          kwargs={"raise_on": object()}),
-    "mh: launch kwargs nan": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch kwargs nan": lambda: multihost.launch(failures.misbehave,
                                                       kwargs={"raise_on": float("nan")}),
     "mh: launch lambda": lambda: multihost.launch(lambda: 1),
     "mh: launch bad name": lambda: multihost.launch("not a target"),
     "mh: launch missing module": lambda: multihost.launch("no_such_module:f"),
     "mh: launch missing script": lambda: multihost.launch("no/such/script.py"),
-    "mh: launch args for function": lambda: multihost.launch(multihost_examples.misbehave,
+    "mh: launch args for function": lambda: multihost.launch(failures.misbehave,
                                                              args=["--x"]),
     "mh: launch target None": lambda: multihost.launch(None),
-    # ---------------------------------------------------------------- multihost_examples
-    "mhx: strategies str": lambda: multihost_examples.data_parallel_step(problem=PROBLEM,
+    # ---------------------------------------------------------------- multihost programs
+    "mhx: strategies str": lambda: step.data_parallel_step(problem=PROBLEM,
                                                                          strategies="dp"),
-    "mhx: strategies ()": lambda: multihost_examples.data_parallel_step(problem=PROBLEM,
+    "mhx: strategies ()": lambda: step.data_parallel_step(problem=PROBLEM,
                                                                         strategies=()),
-    "mhx: strategies unknown": lambda: multihost_examples.data_parallel_step(
+    "mhx: strategies unknown": lambda: step.data_parallel_step(
         problem=PROBLEM, strategies=["dq"]),
-    "mhx: batch 0": lambda: multihost_examples.data_parallel_step(problem=PROBLEM,
+    "mhx: batch 0": lambda: step.data_parallel_step(problem=PROBLEM,
                                                                   batch_size=0),
-    "mhx: batch 5": lambda: multihost_examples.data_parallel_step(problem=PROBLEM,
+    "mhx: batch 5": lambda: step.data_parallel_step(problem=PROBLEM,
                                                                   batch_size=5),
-    "mhx: no problem file": lambda: multihost_examples.data_parallel_step(problem="nope.npz"),
-    "mhx: load 3": lambda: multihost_examples.load_problem(3),
-    "mhx: rows_per_device 0": lambda: multihost_examples.describe_process(rows_per_device=0),
-    "mhx: rows_per_device -1": lambda: multihost_examples.describe_process(rows_per_device=-1),
-    "mhx: raise_on '0'": lambda: multihost_examples.misbehave(raise_on="0"),
-    "mhx: hang_on -1": lambda: multihost_examples.misbehave(hang_on=-1),
-    "mhx: layer sizes (8,)": lambda: multihost_examples.example_problem(layer_sizes=(8,)),
-    "mhx: layer sizes 0": lambda: multihost_examples.example_problem(layer_sizes=(8, 0, 4)),
-    "mhx: examples 0": lambda: multihost_examples.example_problem(num_examples=0),
-    "mhx: seed -1": lambda: multihost_examples.example_problem(seed=-1),
-    "mhx: save None": lambda: multihost_examples.save_problem(None),
-    "mhx: hosts 0": lambda: multihost_examples.hybrid_mesh_example(hosts=0),
-    "mhx: single step batch 0": lambda: multihost_examples.single_process_step(
+    "mhx: no problem file": lambda: step.data_parallel_step(problem="nope.npz"),
+    "mhx: load 3": lambda: problem.load_problem(3),
+    "mhx: rows_per_device 0": lambda: describe.describe_process(rows_per_device=0),
+    "mhx: rows_per_device -1": lambda: describe.describe_process(rows_per_device=-1),
+    "mhx: raise_on '0'": lambda: failures.misbehave(raise_on="0"),
+    "mhx: hang_on -1": lambda: failures.misbehave(hang_on=-1),
+    "mhx: layer sizes (8,)": lambda: problem.example_problem(layer_sizes=(8,)),
+    "mhx: layer sizes 0": lambda: problem.example_problem(layer_sizes=(8, 0, 4)),
+    "mhx: examples 0": lambda: problem.example_problem(num_examples=0),
+    "mhx: seed -1": lambda: problem.example_problem(seed=-1),
+    "mhx: save None": lambda: problem.save_problem(None),
+    "mhx: hosts 0": lambda: cluster.hybrid_mesh_example(hosts=0),
+    "mhx: single step batch 0": lambda: step.single_process_step(
         problem=PROBLEM, batch_size=0),
     # ---------------------------------------------------------------- more, unplanned
     "C: axis None": lambda: C.global_sum(np.arange(8.0), M2, axis_name=None),
@@ -346,14 +346,14 @@ BAD = {
     "cm: schedule None": lambda: CM.ring_schedule(None, 4),
     "cm: bytes_by_direction None": lambda: CM.bytes_by_direction(None, 4),
     "prng: device_key mixed names": lambda: prng.device_key(KEY, ["x", 1]),
-    "mhx: compare str": lambda: multihost_examples.compare_to_reference("r", {}),
-    "mhx: max_difference no reference": lambda: multihost_examples.max_difference([], None),
+    "mhx: compare str": lambda: step.compare_to_reference("r", {}),
+    "mhx: max_difference no reference": lambda: step.max_difference([], None),
     "show: gallery 16 devices": lambda: show.gallery(np.arange(8), [(16,)], [P()],
                                                      axis_names=("data",)),
     "C: ring_scaling no counts": lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
                                                         device_counts=[]),
-    "mhx: slurm env 5": lambda: multihost_examples.slurm_detection_example(env=5),
-    "mhx: hybrid devices 0": lambda: multihost_examples.hybrid_mesh_example(
+    "mhx: slurm env 5": lambda: cluster.slurm_detection_example(env=5),
+    "mhx: hybrid devices 0": lambda: cluster.hybrid_mesh_example(
         devices_per_host=0),
     "data: process_local dataset str": lambda: data.process_local_batches("abc", 2, ROWS,
                                                                           seed=0),
@@ -396,7 +396,7 @@ VALID = {
     "show: numpy index": lambda: show.devices_holding(SHARDED, (np.int64(5),)),
     "show: gallery list values": lambda: show.gallery([[0, 1], [2, 3]], [(2, 1)], [P("data")],
                                                       devices=jax.devices()[:2]),
-    "mhx: 2-D batch layouts": lambda: multihost_examples.data_parallel_step(
+    "mhx: 2-D batch layouts": lambda: step.data_parallel_step(
         problem=PROBLEM, strategies=("tp", "auto_2d")),
     "api: present": lambda: api_changes.resolve("jax.shard_map"),
 }

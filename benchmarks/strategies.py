@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     import jax
 
     from spmd_guide import environment_summary, nn
-    from spmd_guide.nn import profiling
+    from spmd_guide.nn import step_costs
 
     on_cpu = devices[0].platform == "cpu"
     layers = args.layers or ([256, 2048, 2048, 2048, 256] if on_cpu else [1024, 8192, 8192, 8192, 1024])
@@ -61,8 +61,8 @@ def main(argv: list[str]) -> int:
     print(f"MLP {layers} ({n_params:,} parameters), batch {batch_size}, {len(devices)} devices\n")
 
     start = time.perf_counter()
-    profiles = profiling.compare(names, params, batch, devices=devices, runs=args.runs)
-    print(profiling.comparison_table(profiles))
+    profiles = step_costs.compare(names, params, batch, devices=devices, runs=args.runs)
+    print(step_costs.comparison_table(profiles))
     single = next((p for p in profiles if p.strategy == "single"), None)
     if single is not None:
         ratios = ", ".join(f"{p.strategy} {single.step.median / p.step.median:.2f}"

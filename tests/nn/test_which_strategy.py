@@ -23,7 +23,8 @@ GIB = 2**30
     (4 * 10**9, 100, "DP", {"data": 8}, (96, 104)),
     (4 * 10**9, 9, "DP", {"data": 8}, (8, 16)),
     (4 * 10**9, 1000, "DP", {"data": 8}, None),
-    (4 * 10**9, 5, "DP x TP", {"data": 4, "model": 2}, (4, 8)),  # below n: the axis shrinks
+    (4 * 10**9, 5, "DP x TP", {"data": 4, "model": 2}, (4,)),  # below n: the axis shrinks
+    (4 * 10**9, 6, "DP x TP", {"data": 4, "model": 2}, (4,)),  # N5: round down only
     (40 * 10**9, 256, "FSDP", {"data": 8}, None),               # 160 GB of state, 20 GB each
     (40 * 10**9, 100, "FSDP", {"data": 8}, (96, 104)),
     (40 * 10**9, 2, "FSDP x TP", {"data": 2, "model": 4}, None),
@@ -75,11 +76,17 @@ def test_recommend_is_consistent(n, batch, params):
         assert data * rec.mesh.get("model", 1) == n
         # the strategies refuse an uneven split: the batch is rounded to the data axis
         if rec.round_to is None:
-            assert batch % data == 0
-        else:
+            assert batch % data == 0 and rec.pad_to is None
+        elif data == n:
             low, high = rec.round_to
             assert low % data == 0 and high % data == 0 and low < batch < high
-            assert high - low == data and low >= data
+            assert high - low == data and low >= data and rec.pad_to is None
+        else:  # N5: a shrunk axis rounds down only; padding up would make it 1-D over n
+            (low,) = rec.round_to
+            assert low % data == 0 and batch - data < low < batch
+            assert rec.pad_to == n and batch < rec.pad_to
+            padded = which_strategy.recommend(params, 80 * GIB, batch=rec.pad_to, n_devices=n)
+            assert padded.mesh == {"data": n} and padded.round_to is None
         assert rec.state_bytes_per_device <= rec.budget_bytes
         # the explanation answers its own question rightly (P4-W1), and divisibility alone
         # never shrinks the data axis (B2)
@@ -103,7 +110,25 @@ def test_the_book_strategy_named_can_build_the_mesh():
     assert "at least n times the smallest batch per device (enough examples for every device)? Yes." in words
     assert "round it to a multiple of 8, 96 or 104 (drop the last 4 examples, or pad 4 examples)" in words
     words = " ".join(which_strategy.recommend(4 * 10**9, 80 * GIB, batch=5, n_devices=8).explain().split())
-    assert "? No." in words and "(drop the last 1 example, or pad 3 examples)" in words
+    assert "? No." in words and "round it down to 4 (drop the last 1 example)" in words
+    assert "pad 3" not in words
+
+
+def test_a_small_batch_is_rounded_down_or_padded_to_a_1d_layout():
+    """Review N5: batch 6 on 8 devices is DP x TP {data: 4, model: 2}; rounding it up to 8
+    would be plain DP over 8, so the answer offers that as its own alternative."""
+    rec = which_strategy.recommend(4 * 10**9, 80 * GIB, batch=6, n_devices=8)
+    assert rec.mesh == {"data": 4, "model": 2} and rec.round_to == (4,) and rec.pad_to == 8
+    words = " ".join(rec.explain().split())
+    assert "round it down to 4 (drop the last 2 examples)" in words
+    assert "Or pad it to 8 (2 examples more), enough for all 8 devices: then the answer is " \
+           "DP, data=8." in words
+    assert which_strategy.recommend(4 * 10**9, 80 * GIB, batch=8, n_devices=8).mesh == {"data": 8}
+    sharded = which_strategy.recommend(40 * 10**9, 80 * GIB, batch=3, n_devices=8,
+                                       min_batch_per_device=1)
+    assert sharded.answer == "FSDP x TP" and sharded.pad_to == 8
+    assert "then the answer is FSDP, data=8." in " ".join(sharded.explain().split())
+    assert which_strategy.recommend(4 * 10**9, 80 * GIB, batch=4, n_devices=8).pad_to is None
 
 
 def test_numpy_scalars_work_where_python_ones_do():

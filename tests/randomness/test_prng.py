@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import mesh_of
+from helpers import mesh_of, run_python
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -80,6 +80,90 @@ def test_same_key_same_numbers_whatever_the_sharding():
         assert sampled.sharding.is_equivalent_to(sharding, 2)
         np.testing.assert_array_equal(np.asarray(sampled), reference)
         assert sum(hlo.collective_counts(generate, key).values()) == 0
+
+
+LAYOUT_PROBE = """
+import json
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from spmd_guide.randomness import prng
+
+key = jax.random.key(0)
+def mesh(k, names=("x",), shape=None):
+    return jax.make_mesh(shape or (k,), names, devices=jax.devices()[:k])
+CASES = {"page": ((496, 3), mesh(8), P("x")),
+         "48x3": ((48, 3), mesh(8), P("x")),
+         "40x5 on 4": ((40, 5), mesh(4), P("x")),
+         "16x8 on 2x4": ((16, 8), mesh(8, ("a", "b"), (2, 4)), P("a", "b"))}
+out = {}
+for label in LABELS:
+    shape, m, spec = CASES[label]
+    out[label] = {r["sampler"]: r for r in prng.layout_differences(
+        key, shape, NamedSharding(m, spec), samplers=SAMPLERS)}
+if PREFIX:
+    normal = jax.jit(jax.random.normal, static_argnums=1)
+    out["prefix bits equal"] = bool((jax.random.bits(key, (62, 3))
+                                     == jax.random.bits(key, (496, 3))[:62]).all())
+    out["prefix normal differ"] = int((normal(key, (62, 3))
+                                       != normal(key, (496, 3))[:62]).sum())
+print(json.dumps(out))
+"""
+
+
+def _probe(labels, samplers, *, prefix=False):
+    """Run LAYOUT_PROBE in a child Python of 8 devices at XLA:CPU's default optimization
+    (this suite turns LLVM's optimization off, and the float gaps with it)."""
+    import json
+
+    head = f"LABELS = {list(labels)!r}\nSAMPLERS = {list(samplers)!r}\nPREFIX = {prefix}\n"
+    return json.loads(run_python(head + LAYOUT_PROBE, devices=8))
+
+
+@pytest.mark.slow  # a child Python: seconds the quick suite cannot spare
+def test_the_bits_never_depend_on_the_layout_the_floats_of_normal_may():
+    """random_numbers.md (review N2), the contract exactly, on XLA:CPU with JAX 0.12 at its
+    default optimization: the bits equal the one-device draw in the page's layout; normal
+    differs in a few elements, by 1-2 ulp; a prefix shape keeps the bits but not always
+    normal's floats. A JAX release that changes either half fails here, and the page's
+    sentences must change with it."""
+    out = _probe(["page"], ["bits", "normal"], prefix=True)
+    page = out["page"]
+    assert page["bits"]["differ from 1 device"] == 0, page["bits"]
+    assert 0 < page["normal"]["differ from 1 device"] <= 10, page["normal"]
+    assert 1 <= page["normal"]["most ulp apart"] <= 4, page["normal"]
+    assert out["prefix bits equal"] is True
+    assert 0 < out["prefix normal differ"] <= 5
+
+
+@pytest.mark.slow
+def test_every_sampler_in_every_layout_keeps_the_bits_and_a_few_ulp():
+    """The sweep behind the page's table: uniform and bernoulli are exact like the bits in
+    every layout and shape; normal and truncated_normal stay within a few ulp."""
+    out = _probe(["page", "48x3", "40x5 on 4", "16x8 on 2x4"], list(prng.SAMPLERS))
+    assert 0 < out["page"]["truncated_normal"]["differ from 1 device"] <= 10
+    for label, rows in out.items():
+        for exact in ("bits", "uniform", "bernoulli"):
+            assert rows[exact]["differ from 1 device"] == 0, (label, rows[exact])
+        assert all(r["most ulp apart"] <= 4 for r in rows.values()), (label, rows)
+
+
+def test_without_llvm_optimization_the_floats_agree_too(devices):
+    """This suite's own setting (--xla_backend_optimization_level=0, helpers.py): the same
+    draw of normal agrees in every layout, so the page's 1-2 ulp come from LLVM's
+    optimization of the float math, not from the generator."""
+    rows = prng.layout_differences(jax.random.key(0), (496, 3),
+                                   NamedSharding(mesh_of(8), P("x")))
+    assert all(r["differ from 1 device"] == 0 for r in rows), rows
+
+
+def test_layout_differences_refuses_bad_input():
+    sharding = NamedSharding(mesh_of(8), P("x"))
+    with pytest.raises(InputTypeError, match="samplers"):
+        prng.layout_differences(jax.random.key(0), (8,), sharding, samplers="normal")
+    with pytest.raises(InputError, match="choose one of"):
+        prng.layout_differences(jax.random.key(0), (8,), sharding, samplers=["gauss"])
+    with pytest.raises(InputError, match="not divisible by 8"):
+        prng.layout_differences(jax.random.key(0), (7,), sharding)
 
 
 @pytest.mark.parametrize("explicit", [False, True])

@@ -339,3 +339,16 @@ def file_bytes_read(directory: Any, *, like: Any, step: int | None = None) -> in
     before = _counter()
     checkpoint.restore(directory, like=like, step=step)
     return _counter() - before
+
+
+def file_bytes_read_range(directory: Any, *, like: Any, step: int | None = None,
+                          repeats: int = 3) -> tuple[int, int]:
+    """The least and the most bytes :func:`file_bytes_read` counts over ``repeats`` restores.
+
+    They differ: Orbax's read spec gives the saved arrays no chunk cache (the only cache pool
+    it configures, ``cache_pool#ocdbt``, holds OCDBT's B-tree nodes), so TensorStore shares a
+    chunk only between reads of it that are in flight at the same time, and what is in
+    flight together depends on timing."""
+    repeats = checks.count("repeats", repeats)
+    read = [file_bytes_read(directory, like=like, step=step) for _ in range(repeats)]
+    return min(read), max(read)

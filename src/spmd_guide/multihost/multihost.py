@@ -162,6 +162,8 @@ def launch(
     kwargs: Mapping[str, Any] | None = None,
     args: Sequence[str] = (),
     heartbeat_timeout: int | None = None,
+    initialization_timeout: int | None = None,
+    start: Sequence[int] | None = None,
 ) -> list[ProcessResult]:
     """Run ``target`` in ``num_processes`` local JAX processes with ``devices_per_process`` CPU
     devices each; return one :class:`ProcessResult` per process, ordered by process id.
@@ -182,6 +184,11 @@ def launch(
     ``heartbeat_timeout`` (whole seconds) is ``initialize``'s ``heartbeat_timeout_seconds``:
     how long JAX's coordination service waits for a silent process before it declares it
     dead and terminates the others. ``None`` keeps JAX's default.
+
+    ``initialization_timeout`` (whole seconds) is how long ``initialize`` waits for every
+    process to join; ``None``: ``timeout``, rounded up. ``start`` lists the process ids to
+    start (default: all); the others never come, as in a job whose scheduler started only
+    some hosts, and the started ones wait for them in ``initialize``.
     """
     num_processes = checks.count("num_processes", num_processes, maximum=256)
     if heartbeat_timeout is not None:
@@ -189,6 +196,9 @@ def launch(
     devices_per_process = checks.count("devices_per_process", devices_per_process,
                                        maximum=checks.MAX_DEVICES)
     timeout = checks.real("timeout (seconds)", timeout, positive=True)
+    if initialization_timeout is not None:
+        initialization_timeout = checks.count("initialization_timeout", initialization_timeout)
+    started = _started("start", start, num_processes)
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise checks.InputTypeError(
             f"kwargs must be a dict of the function's keyword arguments, got {kwargs!r:.60}.")
@@ -217,11 +227,27 @@ def launch(
             "devices_per_process": devices_per_process,
             "timeout": timeout,
             "heartbeat_timeout": heartbeat_timeout,
+            "initialization_timeout": initialization_timeout,
         }
         spec_path = Path(workdir, "spec.json")
         spec_path.write_text(json.dumps(spec))
-        return _run_all(spec_path, Path(workdir), resolved, num_processes, devices_per_process,
-                        timeout)
+        return _run_all(spec_path, Path(workdir), resolved, num_processes, started,
+                        devices_per_process, timeout)
+
+
+def _started(name: str, start: Any, num_processes: int) -> list[int]:
+    """The process ids to start: all of ``range(num_processes)``, or the distinct ids listed."""
+    if start is None:
+        return list(range(num_processes))
+    if isinstance(start, (str, bytes)) or not isinstance(start, Sequence):
+        raise checks.InputTypeError(
+            f"{name} must be a list of process ids such as [0], got {start!r:.60}.")
+    if not start:
+        raise checks.InputError(f"{name} must name at least one process to start, got [].")
+    ids = [checks.count(name, i, minimum=0, maximum=num_processes - 1) for i in start]
+    if len(set(ids)) != len(ids):
+        raise checks.InputError(f"{name} names a process twice: {list(start)}.")
+    return sorted(ids)
 
 
 def still_running(results: Sequence[ProcessResult]) -> list[int]:
@@ -308,15 +334,21 @@ def _child_env(devices_per_process: int) -> dict[str, str]:
 
 
 def _run_all(spec_path: Path, workdir: Path, target: _Target, num_processes: int,
-             devices_per_process: int, timeout: float) -> list[ProcessResult]:
-    """Start the processes, watch them until all succeed, one fails or time runs out."""
+             started: list[int], devices_per_process: int,
+             timeout: float) -> list[ProcessResult]:
+    """Start the processes, watch them until all succeed, one fails or time runs out.
+
+    ``procs[i]`` runs process id ``started[i]``; results carry the process ids."""
+    of = f"of {num_processes}" + ("" if len(started) == num_processes
+                                  else f" (started: {started})")
+    num_processes = len(started)
     env = _child_env(devices_per_process)
     procs: list[subprocess.Popen] = []
     files = []
     start = time.monotonic()
     finished: dict[int, float] = {}
     try:
-        for index in range(num_processes):
+        for index in started:
             out = open(workdir / f"{index}.out", "w+b")
             err = open(workdir / f"{index}.err", "w+b")
             files.append((out, err))
@@ -333,15 +365,15 @@ def _run_all(spec_path: Path, workdir: Path, target: _Target, num_processes: int
             if failed:
                 first = min(failed, key=lambda p: (finished[p], p))
                 _stop(procs)
-                results = _collect(procs, files, workdir, finished, start)
-                raise _failure(first, results, target, num_processes, elapsed)
+                results = _collect(procs, files, workdir, finished, start, started)
+                raise _failure(first, results, target, of, elapsed)
             if len(finished) == num_processes:
-                return _collect(procs, files, workdir, finished, start)
+                return _collect(procs, files, workdir, finished, start, started)
             if elapsed > timeout:
                 _stop(procs)
-                results = _collect(procs, files, workdir, finished, start)
+                results = _collect(procs, files, workdir, finished, start, started)
                 running = [p for p in range(num_processes) if p not in finished]
-                raise _timeout(running, results, target, num_processes, timeout)
+                raise _timeout(running, results, target, started, of, timeout)
             time.sleep(_POLL_SECONDS)
     finally:
         _stop(procs)
@@ -362,16 +394,16 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _collect(procs, files, workdir: Path, finished: dict[int, float],
-             start: float) -> list[ProcessResult]:
+             start: float, started: list[int]) -> list[ProcessResult]:
     results = []
     for index, (proc, (out, err)) in enumerate(zip(procs, files, strict=True)):
-        value_path = workdir / f"{index}.json"
+        value_path = workdir / f"{started[index]}.json"
         try:
             value = json.loads(value_path.read_text())
         except (OSError, ValueError):  # no value: a script, or a process stopped before the end
             value = None
         results.append(ProcessResult(
-            process_id=index,
+            process_id=started[index],
             returncode=proc.returncode,
             stdout=_read(out),
             stderr=_read(err),
@@ -393,22 +425,25 @@ def _tail(text: str) -> str:
     return "\n".join("    " + line for line in lines) if lines else "    (empty)"
 
 
-def _failure(index: int, results: list[ProcessResult], target: _Target, n: int,
+def _failure(index: int, results: list[ProcessResult], target: _Target, of: str,
              elapsed: float) -> ProcessFailed:
     bad = results[index]
     how = (f"was killed by signal {-bad.returncode}" if bad.returncode < 0
            else f"exited with code {bad.returncode}")
-    message = (f"process {index} of {n} running {target.label} {how} after {elapsed:.1f} s; "
+    message = (f"process {bad.process_id} {of} running {target.label} {how} after "
+               f"{elapsed:.1f} s; "
                f"the other processes were stopped.\nLast lines of its stderr:\n{_tail(bad.stderr)}")
-    return ProcessFailed(message, process_id=index, returncode=bad.returncode, stdout=bad.stdout,
+    return ProcessFailed(message, process_id=bad.process_id, returncode=bad.returncode,
+                         stdout=bad.stdout,
                          stderr=bad.stderr, results=results)
 
 
-def _timeout(running: list[int], results: list[ProcessResult], target: _Target, n: int,
-             timeout: float) -> ProcessTimeout:
+def _timeout(running: list[int], results: list[ProcessResult], target: _Target,
+             started: list[int], of: str, timeout: float) -> ProcessTimeout:
     first = results[running[0]]
-    who = (f"process {running[0]} of {n} running {target.label} was" if len(running) == 1
-           else f"processes {running} of {n} running {target.label} were")
+    running = [started[i] for i in running]
+    who = (f"process {running[0]} {of} running {target.label} was" if len(running) == 1
+           else f"processes {running} {of} running {target.label} were")
     message = (f"{who} still running at the {timeout:g} s time limit; all processes were "
                f"stopped.\nLast lines of process {first.process_id}'s stdout:\n"
                f"{_tail(first.stdout)}")

@@ -74,7 +74,8 @@ def process_main(spec_path: str, process_id: int) -> None:
         coordinator_bind_address=f"{LOOPBACK}:{port}",
         num_processes=spec["num_processes"],
         process_id=process_id,
-        initialization_timeout=max(1, math.ceil(spec["timeout"])),
+        initialization_timeout=spec.get("initialization_timeout")
+        or max(1, math.ceil(spec["timeout"])),
         cluster_detection_method="deactivate",  # not SLURM's, not a TPU's
         **heartbeat,
     )

@@ -6,7 +6,8 @@ on many devices.
 - `strategies`: the parallelism strategies, registry `STRATEGIES` (nn/auto_parallelism,
   nn/manual_parallelism).
 - `placement`: the checks and conversions the strategies share (devices, even splits).
-- `profiling`: a strategy against the reference; one step's collectives, memory and time.
+- `step_costs`: a strategy against the reference; one step's collectives, memory and time
+  (nn/auto_parallelism, nn/manual_parallelism).
 - `remat`: what the compiler keeps of FSDP's rematerialization (nn/manual_parallelism).
 - `cheat_sheet`: the PartitionSpec cheat sheet, read off compiled programs (nn/cheat_sheet).
 - `which_strategy`: the decision guide (nn/which_strategy).

@@ -102,7 +102,8 @@ class Recommendation:
     batch_per_device: float
     path: tuple[tuple[str, bool], ...]
     batch: int = 0
-    round_to: tuple[int, int] | None = None
+    round_to: tuple[int, ...] | None = None
+    pad_to: int | None = None
 
     @property
     def title(self) -> str:
@@ -131,13 +132,24 @@ class Recommendation:
             f"{hlo.format_bytes(self.state_bytes_per_device)} per device under this layout, "
             f"budget {hlo.format_bytes(self.budget_bytes)} per device; "
             f"examples per device: {self.batch_per_device:g}.")
-        if self.round_to is not None:
+        data = self.mesh.get("data", 1)
+        if self.round_to is not None and self.pad_to is None:
             low, high = self.round_to
-            data = self.mesh.get("data", 1)
             lines.append(
                 f"The batch of {self.batch} does not split evenly over data={data}: round it "
                 f"to a multiple of {data}, {low} or {high} (drop the last "
                 f"{_examples(self.batch - low)}, or pad {_examples(high - self.batch)}).")
+        elif self.round_to is not None:
+            (low,) = self.round_to
+            lines.append(
+                f"The batch of {self.batch} does not split evenly over data={data}: round it "
+                f"down to {low} (drop the last {_examples(self.batch - low)}).")
+        if self.pad_to is not None:
+            n = math.prod(self.mesh.values())
+            one_d = "FSDP" if self.answer.startswith("FSDP") else "DP"
+            lines.append(
+                f"Or pad it to {self.pad_to} ({_examples(self.pad_to - self.batch)} more), "
+                f"enough for all {n} devices: then the answer is {one_d}, data={n}.")
         lines.append(f"-> {self.title}, mesh {mesh} (in this book: {self.book_strategies}).")
         return wrap("\n".join(lines))
 
@@ -168,8 +180,10 @@ def recommend(
     divisibility never turns the layout into tensor parallelism. Only a batch smaller than
     ``n * min_batch_per_device`` shrinks the data axis, to the largest divisor of ``n`` that
     still gives each device ``min_batch_per_device`` examples (:func:`data_axis_size`; the
-    batch rounded to a multiple of it if need be); the devices left over form a ``model``
-    axis for tensor parallelism: 2-D, or tensor parallel alone when the data axis is 1.
+    batch rounded *down* to a multiple of it if need be: then ``round_to`` holds one size,
+    since padding the batch up to ``n * min_batch_per_device`` would call for the 1-D layout
+    over all ``n`` instead, offered as ``pad_to``); the devices left over form a ``model`` axis for
+    tensor parallelism: 2-D, or tensor parallel alone when the data axis is 1.
     """
     budget_bytes = int(checks.real("memory_fraction", memory_fraction, positive=True,
                                    maximum=1.0) * checks.count("device_bytes", device_bytes))
@@ -197,8 +211,12 @@ def recommend(
     # FSDP x TP shards the state over every device, TP too; DP x TP over the model axis only.
     per_device = (math.ceil(state / n) if sharded or answer == "TP"
                   else math.ceil(state / model))
+    round_to, pad_to = round_batch(batch, data), None
+    if data < n and round_to is not None:
+        # A small batch to round: padding it up to n * min_batch would make it 1-D over n.
+        round_to, pad_to = round_to[:1], n * min_batch
     return Recommendation(answer, mesh, state, per_device, budget_bytes, batch / data,
-                          tuple(path), batch, round_batch(batch, data))
+                          tuple(path), batch, round_to, pad_to)
 
 
 def _leaf(target: str) -> str:

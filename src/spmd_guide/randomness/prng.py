@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, Sharding
+from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -113,6 +113,59 @@ def sampler(shape: tuple[int, ...], sharding: Sharding, *,
     shape = _layout_fits(shape, sharding, distribution)
     return jax.jit(lambda key: distribution(key, shape),
                    out_shardings=sharding)
+
+
+SAMPLERS: dict[str, Callable[[jax.Array, tuple[int, ...]], jax.Array]] = {
+    "bits": lambda key, shape: jax.random.bits(key, shape),
+    "uniform": lambda key, shape: jax.random.uniform(key, shape),
+    "bernoulli": lambda key, shape: jax.random.bernoulli(key, 0.5, shape),
+    "normal": lambda key, shape: jax.random.normal(key, shape),
+    "truncated_normal": lambda key, shape: jax.random.truncated_normal(key, -2.0, 2.0, shape),
+}
+"""Samplers by name, each ``f(key, shape)``: the raw bits, two that turn bits into values
+exactly (``uniform``, ``bernoulli``), and two that apply float math to them."""
+
+
+def layout_differences(key: jax.Array, shape: tuple[int, ...], sharding: Sharding, *,
+                       samplers: Sequence[str] = tuple(SAMPLERS)) -> list[dict[str, Any]]:
+    """For each sampler named in ``samplers``: how many elements of its draw generated in
+    ``sharding``'s layout differ from the same draw generated on one device, and by how many
+    units in the last place (ulp) at most (``0`` for bits and booleans, which either match
+    or not).
+
+    The bits never differ (threefry's counter is the element's index, whatever the
+    layout); a sampler that turns bits into floats with float math can, since each layout
+    compiles another program over another block shape (on XLA:CPU, what the review of this
+    page measured; the mechanism is not established here).
+    """
+    key = checks.key("key", key)
+    if isinstance(samplers, str) or not isinstance(samplers, Sequence) or not samplers:
+        raise checks.InputTypeError(
+            f"samplers must be a list of names from {sorted(SAMPLERS)}, got {samplers!r:.60}.")
+    names = [checks.one_of("sampler", name, SAMPLERS) for name in samplers]
+    shape = _layout_fits(shape, sharding, jax.random.normal)
+    one_device = SingleDeviceSharding(jax.devices()[0])
+
+    def draws(layout: Sharding) -> dict[str, np.ndarray]:
+        # Every sampler in one program per layout: two compilations, not two per sampler
+        # (the same elements differ as with one program per sampler).
+        program = jax.jit(lambda k: {n: SAMPLERS[n](k, shape) for n in names},
+                          out_shardings={n: layout for n in names})
+        return {n: np.asarray(v) for n, v in program(key).items()}
+
+    laid_outs, alones = draws(sharding), draws(one_device)
+    rows = []
+    for name in names:
+        laid_out, alone = laid_outs[name], alones[name]
+        differ = laid_out != alone
+        ulps = 0
+        if laid_out.dtype.kind == "f" and differ.any():
+            gap = np.abs(laid_out.astype(np.float64) - alone.astype(np.float64))
+            ulps = int(np.max(np.round(gap / np.spacing(np.maximum(np.abs(laid_out),
+                                                                   np.abs(alone))))))
+        rows.append({"sampler": name, "elements": int(differ.size),
+                     "differ from 1 device": int(differ.sum()), "most ulp apart": ulps})
+    return rows
 
 
 def _layout_fits(shape: Any, sharding: Any, distribution: Any) -> tuple[int, ...]:
