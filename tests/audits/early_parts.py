@@ -1,27 +1,23 @@
-"""Audit: call public functions with plausible bad inputs, count how each one fails.
+"""Bad-input cases for the earlier Parts' public functions (tests/audits/test_audits.py runs them).
 
-Run: ``python benchmarks/audit_bad_inputs.py`` (8 CPU devices, about a minute).
+The modules covered: prng, data, multihost, multihost_examples, api_changes, timing,
+collectives, collective_matmul, show (its non-drawing functions). ``BAD`` maps a case name to a
+call with a plausible wrong input: it must raise the package's own error
+(``spmd_guide.core.checks.InputError`` or ``InputTypeError``), whose message names the argument,
+the value, the rule and the fix; never a deep JAX or NumPy error, never a silent return.
+``VALID`` holds valid edge cases (NumPy integers, lists, bfloat16, one-device meshes) that must
+return. ``MODULES``, ``DRAWING`` and ``CHECKERS`` say which public functions must check their
+input (:func:`unchecked`).
 
-Each bad input is counted as
-
-- **clear**: it raised the package's own error (``spmd_guide.core.checks.InputError`` or
-  ``InputTypeError``), whose message names the argument, the value, the rule and the fix;
-- **obscure**: it raised anything else (a deep JAX or NumPy error, a bare ``KeyError``);
-- **silent**: it returned, although the input is invalid.
-
-Valid edge cases (NumPy integers, lists, bfloat16, one-device meshes) must return. The
-modules covered are those of issue #18's second half: prng, data, multihost,
-multihost_examples, api_changes, timing, collectives, collective_matmul, show (its
-non-drawing functions). Also reports how many public functions check their input.
+The cases are built when this module is imported (meshes, placed arrays, a saved problem
+file), so the tests import it inside a test, not at collection.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import sys
 import tempfile
-from collections import Counter
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -37,7 +33,6 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from spmd_guide.appendix import api_changes  # noqa: E402
 from spmd_guide.core import hlo, timing  # noqa: E402
-from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import show  # noqa: E402
 from spmd_guide.multihost import multihost, multihost_examples  # noqa: E402
 from spmd_guide.randomness import data, prng  # noqa: E402
@@ -402,16 +397,6 @@ VALID = {
 }
 
 
-def classify(call) -> tuple[str, str]:
-    try:
-        call()
-    except InputError as error:
-        return "clear", f"{type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001 - the audit counts every kind
-        return "obscure", f"{type(error).__name__}: {str(error)[:150]}"
-    return "silent", "returned"
-
-
 CHECKERS = ("checks.", "_placed(", "axis_size(", "ring_size(", "check_shapes(", "variant(",
             "example(", "_check_array(", "shard_blocks(", "_layout_fits(", "_strategy_names(",
             "_process_id(", "_dotted_parts(", "_check_ops(", "_check_count(", "_leaves(",
@@ -421,7 +406,8 @@ CHECKERS = ("checks.", "_placed(", "axis_size(", "ring_size(", "check_shapes(", 
 
 
 def coverage() -> tuple[int, int, int, list[str]]:
-    """(public functions with inputs, of which checked, without inputs, unchecked names)."""
+    """(public functions with inputs, of which checked, without inputs, unchecked names): a
+    function checks its input when its source calls one of ``CHECKERS``."""
     checked, with_inputs, without, unchecked = 0, 0, 0, []
     for module in MODULES:
         for name, obj in vars(module).items():
@@ -439,34 +425,3 @@ def coverage() -> tuple[int, int, int, list[str]]:
             else:
                 unchecked.append(f"{module.__name__.split('.')[-1]}.{name}")
     return with_inputs, checked, without, unchecked
-
-
-def main() -> int:
-    results = {name: classify(call) for name, call in BAD.items()}
-    tally = Counter(kind for kind, _ in results.values())
-    for name, (kind, message) in results.items():
-        if kind != "clear" or "-v" in sys.argv:
-            print(f"{kind:8s} {name}: {message}")
-    failed = {}
-    for name, call in VALID.items():
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001
-            failed[name] = f"{type(error).__name__}: {error}"
-    for name, message in failed.items():
-        print(f"VALID FAILED {name}: {message[:200]}")
-    total = len(BAD)
-    print(f"\n{total} bad inputs: {tally['clear']} clear ({100 * tally['clear'] / total:.1f}%), "
-          f"{tally['obscure']} obscure, {tally['silent']} silent")
-    print(f"{len(VALID)} valid edge cases: {len(VALID) - len(failed)} returned, "
-          f"{len(failed)} failed")
-    with_inputs, checked, without, unchecked = coverage()
-    print(f"public functions (non-drawing) with arguments: {with_inputs}, checking their "
-          f"input: {checked}; without arguments: {without}")
-    if unchecked:
-        print("not checking:", ", ".join(unchecked))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,22 +1,22 @@
-"""Audit the newer Parts' bad-input handling (rooflines, transformer, pipeline, checkpointing,
-serving, and the helpers they added to core, nn, meshes and shard_map).
+"""Bad-input cases for the newer Parts (rooflines, transformer, pipeline, checkpointing,
+serving, and the helpers they added to core, nn, meshes and shard_map); tests/audits/
+test_audits.py runs them.
 
-Run: ``python benchmarks/audit_newer_parts.py [-v]`` (8 CPU devices, about two minutes).
+``BAD`` maps a case name (``module: what``) to a call with a wrong input, which must raise the
+package's ``InputError``/``InputTypeError`` (never another exception, never a silent return);
+many come from one battery per numeric argument (a string, a float, ``None``, zero, a negative,
+NaN, infinity, a bool), the mistakes a new user makes most. ``VALID`` holds the valid edge
+cases (NumPy scalars and arrays, lists for tuples, meshes of Explicit axes), which must return.
 
-Counts each bad input as **clear** (the package's ``InputError``/``InputTypeError``), **obscure**
-(any other exception) or **silent** (it returned); the valid edge cases (NumPy scalars and
-arrays, lists for tuples, meshes of Explicit axes) must return. Many bad inputs come from one
-battery per numeric argument (a string, a float, ``None``, zero, a negative, NaN, infinity, a
-bool), the mistakes a new user makes most. Prints a table per module and the total.
+The cases are built when this module is imported (a model, a saved checkpoint, compiled
+programs), so the tests import it inside a test, not at collection.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 import tempfile
-from collections import Counter, defaultdict
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -31,7 +31,6 @@ from jax.sharding import AxisType  # noqa: E402
 
 from spmd_guide.checkpointing import checkpoint, training  # noqa: E402
 from spmd_guide.core import results  # noqa: E402
-from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import tpu_ring  # noqa: E402
 from spmd_guide.nn import cheat_sheet, which_strategy  # noqa: E402
 from spmd_guide.pipeline import axes, moe, pipeline, schedules  # noqa: E402
@@ -795,49 +794,3 @@ VALID = {
     "serving: init_cache numpy": lambda: serving.init_cache(CFG, batch=np.int64(1),
                                                             max_len=np.int64(8)),
 }
-
-
-def classify(call) -> tuple[str, str]:
-    try:
-        call()
-    except InputError as error:
-        return "clear", f"{type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001 - the audit counts every kind
-        return "obscure", f"{type(error).__name__}: {str(error)[:160]}"
-    return "silent", "returned"
-
-
-def module_of(name: str) -> str:
-    return name.split(":")[0]
-
-
-def main() -> int:
-    table: dict[str, Counter] = defaultdict(Counter)
-    for name, call in BAD.items():
-        kind, message = classify(call)
-        table[module_of(name)][kind] += 1
-        if kind != "clear" or "-v" in sys.argv:
-            print(f"{kind:8s} {name}: {message}")
-    for name, call in VALID.items():
-        try:
-            call()
-            table[module_of(name)]["valid ok"] += 1
-        except Exception as error:  # noqa: BLE001
-            table[module_of(name)]["valid failed"] += 1
-            print(f"VALID FAILED {name}: {type(error).__name__}: {str(error)[:200]}")
-    columns = ("clear", "obscure", "silent", "valid ok", "valid failed")
-    print(f"\n{'module':16s}" + "".join(f"{c:>14s}" for c in columns))
-    total = Counter()
-    for module in sorted(table):
-        total.update(table[module])
-        print(f"{module:16s}" + "".join(f"{table[module][c]:14d}" for c in columns))
-    print(f"{'TOTAL':16s}" + "".join(f"{total[c]:14d}" for c in columns))
-    bad = total["clear"] + total["obscure"] + total["silent"]
-    print(f"\n{bad} bad inputs: {total['clear']} clear ({100 * total['clear'] / bad:.1f}%), "
-          f"{total['obscure']} obscure, {total['silent']} silent; {len(VALID)} valid edge cases: "
-          f"{total['valid ok']} returned, {total['valid failed']} failed")
-    return 0 if math.isclose(total["silent"] + total["valid failed"], 0) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
