@@ -640,7 +640,9 @@ BAD.update({
     "serving: generate steps 0": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=0),
     "serving: generate steps str": lambda: serving.generate(PARAMS, PROMPT, config=CFG,
                                                             steps="2"),
-    "serving: generate too long": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=6),
+    # 3 prompt tokens + 7 steps feed 9 positions (the last new token is never fed back): one
+    # more than seq_len=8.
+    "serving: generate too long": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=7),
     "serving: generate params/config": lambda: serving.generate(PARAMS, PROMPT,
                                                                 config=lm.Config(), steps=1),
     "serving: generate prompt >= vocab": lambda: serving.generate(PARAMS, PROMPT + 16,

@@ -54,7 +54,7 @@ def test_every_valid_edge_case_returns(audit):
 
 #: Public functions of the early audit's modules that take input but call no check: kernels
 #: that run inside ``shard_map`` on one device's traced block, the per-device bodies of the
-#: ring matmuls, and helpers fed only by checked callers.
+#: ring matmuls, helpers fed only by checked callers.
 UNCHECKED = {
     "multihost_examples.failure_table", "collectives.block_sum",
     "collectives.summed_over_devices", "collectives.psum_kernel", "collectives.pmean_kernel",
@@ -66,12 +66,14 @@ UNCHECKED = {
     "collective_matmul.allgather_bidi_per_device", "collective_matmul.reduce_scatter_per_device",
     "collective_matmul.reduce_scatter_overlapped_per_device",
     "collective_matmul.reduce_scatter_bidi_per_device",
+    # Readers of a compiled program that ring_costs.compile_variant (which checks) made.
+    "ring_costs.matmuls_before_first_transfer", "ring_costs.summed_at_end",
 }
 
 
 def test_every_new_public_function_of_the_early_audit_checks_its_input():
     cases = importlib.import_module("early_parts")
     with_inputs, checked, _, unchecked = cases.coverage()
-    assert with_inputs >= 91 and checked >= 72
+    assert with_inputs >= 102 and checked >= 81
     new = sorted(set(unchecked) - UNCHECKED)
     assert not new, f"public functions that take input and call no check: {new}"

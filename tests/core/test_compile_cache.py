@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers import ROOT, run_python
 
-from spmd_guide.core import compile_cache
+from spmd_guide.core import compile_cache, hlo_text
 from spmd_guide.core.checks import InputError, InputTypeError
 
 # One child Python: compiles three programs (one of them twice, under `disabled`) and reports
@@ -53,6 +53,7 @@ def _run(folder: str) -> dict:
             os.environ[compile_cache.ENV] = old
 
 
+@pytest.mark.slow
 def test_a_second_process_loads_the_same_programs_and_counts_the_same_compiles(tmp_path):
     folder = tmp_path / "cache"
     cold, warm = _run(str(folder)), _run(str(folder))
@@ -64,6 +65,48 @@ def test_a_second_process_loads_the_same_programs_and_counts_the_same_compiles(t
     # time_fn's first call compiled tanh afresh in both runs: no hit beyond sin and cos.
     assert warm["all"]["hits"] == warm["cached"]["hits"]
     assert any(p.name.endswith("-cache") for p in folder.iterdir())
+
+
+def test_a_program_traced_again_from_the_same_lines_is_loaded_not_compiled(tmp_path):
+    """In this process: a fresh jit of the same code misses jit's in-memory cache, and the
+    persistent cache hands back the program the first compile wrote (JAX's hit event), with
+    the same text; under ``disabled`` nothing is loaded. The slow sweep checks the same across
+    two processes."""
+    import jax
+    import jax.numpy as jnp
+
+    hits = []
+    listen = lambda event, **kw: hits.append(event)  # noqa: E731
+    before = compile_cache.directory()
+    jax.monitoring.register_event_listener(listen)
+    try:
+        compile_cache.enable(tmp_path)
+        x = jnp.arange(8.0)
+        texts = []
+        for _ in range(2):
+            texts.append(jax.jit(lambda v: jnp.sin(v) * 3).lower(x).compile().as_text())
+        loaded = hits.count("/jax/compilation_cache/cache_hits")
+        with compile_cache.disabled():
+            jax.jit(lambda v: jnp.sin(v) * 3).lower(x).compile()
+        after_disabled = hits.count("/jax/compilation_cache/cache_hits")
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+        if before is not None:
+            compile_cache.enable(before)
+        else:   # the tests ran with SPMD_COMPILE_CACHE=off: leave it off
+            jax.config.update("jax_enable_compilation_cache", False)
+    assert loaded == 1 and after_disabled == 1
+    assert hlo_text.entry_computation(texts[0]) == hlo_text.entry_computation(texts[1])
+    assert compile_cache.directory() == before
+
+
+def test_the_kernels_process_id_is_all_that_leaves_a_cells_file_name():
+    import re
+
+    assert re.sub(compile_cache.KERNEL_PID, "", "/tmp/ipykernel_4242/3141592.py") == \
+        "/tmp/ipykernel_/3141592.py"
+    assert re.sub(compile_cache.KERNEL_PID, "", "/work/src/spmd_guide/core/hlo.py") == \
+        "/work/src/spmd_guide/core/hlo.py"
 
 
 @pytest.mark.parametrize("value", ["", "0", "off", "OFF", " no "])

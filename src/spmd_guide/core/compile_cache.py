@@ -17,13 +17,20 @@ The settings, each checked against JAX 0.12's ``jax/_src/compilation_cache.py``,
   loaded from the cache carries the file names, lines and ``op_name`` s of the run that wrote
   it, and the book reads them (``transformer.breakdown``, ``nn.remat``), so a program traced
   from other lines (an edited module, another caller) is compiled anew, never shown stale;
+- a notebook cell's file name without the kernel's process id
+  (``hlo_source_file_canonicalization_regex``): IPython names a cell's code
+  ``/tmp/ipykernel_<pid>/<hash of the code>.py``, so without it every program a page traces
+  would have a new key in every kernel, and a rebuild would load nothing. Only that number
+  goes; the name of the cell's file, which a page could show, stays;
 - a size bound (``max_size``), which makes JAX take a file lock around every read and write:
   without it, a process can read an entry another process is still writing (both pytest
   workers and two pages at once share the folder). The lock is the ``filelock`` package.
 
-What a cache hit does not change: the compiled program (its HLO, counts, memory), JAX's compile
-event and ``jax_log_compiles`` messages (both wrap the cache lookup, so compile counts are the
-same), and jit's in-memory caches. What it changes is the time of a first call, so every
+What a cache hit does not change: the compiled program (its instructions, shardings,
+collectives, cost and memory analyses; only the source tables at the top of its text come back
+numbered in another order, naming the same frames, and the cost analysis's keys in another
+order), JAX's compile event and ``jax_log_compiles`` messages (both wrap the cache lookup, so
+compile counts are the same), and jit's in-memory caches. What it changes is the time of a first call, so every
 function that times a compile runs it under :func:`disabled`.
 """
 
@@ -39,7 +46,7 @@ from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
 from spmd_guide.core import checks
 
-__all__ = ["ENV", "MAX_BYTES", "default_directory", "directory", "disabled", "enable",
+__all__ = ["ENV", "KERNEL_PID", "MAX_BYTES", "default_directory", "directory", "disabled", "enable",
            "from_environment"]
 
 #: The environment variable that turns the cache on: the folder to keep programs in. Empty,
@@ -49,6 +56,8 @@ ENV = "SPMD_COMPILE_CACHE"
 #: twenty times what the book and the tests write.
 MAX_BYTES = 2 * 1024**3
 _OFF = {"", "0", "off", "false", "no"}
+#: The kernel's process id in IPython's file name for a cell (ipykernel's ``get_file_name``).
+KERNEL_PID = r"(?<=/ipykernel_)[0-9]+(?=/)"
 
 
 def default_directory(root: str | os.PathLike[str]) -> Path:
@@ -72,6 +81,7 @@ def enable(folder: str | os.PathLike[str]) -> Path:
                         ("jax_persistent_cache_min_compile_time_secs", 0.0),
                         ("jax_persistent_cache_min_entry_size_bytes", 0),
                         ("jax_compilation_cache_include_metadata_in_key", True),
+                        ("jax_hlo_source_file_canonicalization_regex", KERNEL_PID),
                         ("jax_compilation_cache_max_size", MAX_BYTES),
                         ("jax_enable_compilation_cache", True)):
         jax.config.update(name, value)
