@@ -77,13 +77,16 @@ def enable(folder: str | os.PathLike[str]) -> Path:
                            "filelock") from err
     path = Path(folder).expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
-    for name, value in (("jax_compilation_cache_dir", str(path)),
-                        ("jax_persistent_cache_min_compile_time_secs", 0.0),
-                        ("jax_persistent_cache_min_entry_size_bytes", 0),
-                        ("jax_compilation_cache_include_metadata_in_key", True),
-                        ("jax_hlo_source_file_canonicalization_regex", KERNEL_PID),
-                        ("jax_compilation_cache_max_size", MAX_BYTES),
-                        ("jax_enable_compilation_cache", True)):
+    settings = {"jax_compilation_cache_dir": str(path),
+                "jax_persistent_cache_min_compile_time_secs": 0.0,
+                "jax_persistent_cache_min_entry_size_bytes": 0,
+                "jax_compilation_cache_include_metadata_in_key": True,
+                "jax_hlo_source_file_canonicalization_regex": KERNEL_PID,
+                "jax_compilation_cache_max_size": MAX_BYTES,
+                "jax_enable_compilation_cache": True}
+    if all(getattr(jax.config, name) == value for name, value in settings.items()):
+        return path   # already on here (ensure_devices runs once per page, often per test)
+    for name, value in settings.items():
         jax.config.update(name, value)
     _jax_cache.reset_cache()   # the next compile opens the cache with these settings
     return path
