@@ -29,8 +29,9 @@ The settings, each checked against JAX 0.12's ``jax/_src/compilation_cache.py``,
 What a cache hit does not change: the compiled program (its instructions, shardings,
 collectives, cost and memory analyses; only the source tables at the top of its text come back
 numbered in another order, naming the same frames, and the cost analysis's keys in another
-order), JAX's compile event and ``jax_log_compiles`` messages (both wrap the cache lookup, so
-compile counts are the same), and jit's in-memory caches. What it changes is the time of a first call, so every
+order), JAX's compile event and the "Finished XLA compilation" message of ``jax_log_compiles``
+(both wrap the cache lookup, so compile counts are the same; that flag also logs each hit, as
+"Persistent compilation cache hit"), and jit's in-memory caches. What it changes is the time of a first call, so every
 function that times a compile runs it under :func:`disabled`.
 """
 
