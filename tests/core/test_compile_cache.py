@@ -95,6 +95,7 @@ def test_a_program_traced_again_from_the_same_lines_is_loaded_not_compiled(tmp_p
             compile_cache.enable(before)
         else:   # the tests ran with SPMD_COMPILE_CACHE=off: leave it off
             jax.config.update("jax_enable_compilation_cache", False)
+            jax.config.update("jax_hlo_source_file_canonicalization_regex", None)
     assert loaded == 1 and after_disabled == 1
     assert hlo_text.entry_computation(texts[0]) == hlo_text.entry_computation(texts[1])
     assert compile_cache.directory() == before
