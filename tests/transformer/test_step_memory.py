@@ -14,7 +14,7 @@ from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, hlo
 from spmd_guide.transformer import step_memory as sm
 
 LAYERS, WIDTH, BATCH = 4, 64, 16
@@ -42,9 +42,9 @@ def test_remat_counts_and_memory_pinned():
     mesh = mesh_of(8)
     pws, px = _placed(mesh, ws, x)
     rows = {v: sm.remat_row(mesh, pws, px, variant=v) for v in sm.REMAT_VARIANTS}
-    assert [rows[v]["all-gathers"] for v in sm.REMAT_VARIANTS] == [2, 1, 1, 2, 1]
+    assert [rows[v]["all-gathers per layer"] for v in sm.REMAT_VARIANTS] == [2, 1, 1, 2, 1, 2]
     assert [rows[v]["weight"] for v in sm.REMAT_VARIANTS] == [
-        "re-gathered", "kept", "kept", "re-gathered", "kept"]
+        "re-gathered", "kept", "kept", "re-gathered", "kept", "re-gathered"]
     whole = LAYERS * WIDTH * WIDTH * 4
     kept = rows["gathered, no remat"]["peak"] - rows["gathered inside remat"]["peak"]
     assert kept >= 0.75 * whole, (kept, whole)
@@ -52,16 +52,32 @@ def test_remat_counts_and_memory_pinned():
         "peak"] >= 0.75 * whole
 
 
-@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow),
-                               pytest.param(4, marks=pytest.mark.slow), 8])
-def test_remat_gradients_equal_one_device(n):
+def test_unrolled_stack_keeps_the_gather_unless_the_input_is_pinned():
+    ws, x = _inputs()
+    mesh = mesh_of(8)
+    pws, px = _placed(mesh, ws, x)
+    inside = sm.remat_row(mesh, pws, px, variant="gathered inside remat", unrolled=True)
+    pinned = sm.remat_row(mesh, pws, px, variant="inside remat, input pinned", unrolled=True)
+    assert (inside["all-gathers per layer"], pinned["all-gathers per layer"]) == (1, 2)
+    reduces = [op for op in hlo.collectives(
+        sm.remat_grad(mesh, variant="gathered inside remat", unrolled=True), pws, px)
+        if op.kind == "all-reduce"]
+    assert len(reduces) == 1 and len(reduces[0].buffers) == LAYERS
+
+
+@pytest.mark.parametrize("n, unrolled", [
+    (8, False), pytest.param(2, False, marks=pytest.mark.slow),
+    pytest.param(4, False, marks=pytest.mark.slow), pytest.param(2, True, marks=pytest.mark.slow),
+    pytest.param(8, True, marks=pytest.mark.slow)])
+def test_remat_gradients_equal_one_device(n, unrolled):
     ws, x = _inputs()
     expected = jax.grad(sm.stack_loss)(ws, x)
     mesh = mesh_of(n)
     pws, px = _placed(mesh, ws, x)
     for variant in sm.REMAT_VARIANTS:
-        got = sm.remat_grad(mesh, variant=variant)(pws, px)
+        got = sm.remat_grad(mesh, variant=variant, unrolled=unrolled)(pws, px)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=variant)
+        assert got.sharding.is_equivalent_to(pws.sharding, 3)
 
 
 # --------------------------------------------------------------------------- hybrid
@@ -146,7 +162,8 @@ def test_exercise_answers():
     pws, px = _placed(mesh, ws, x)
     inside = sm.remat_row(mesh, pws, px, variant="gathered inside remat")
     kept = sm.remat_row(mesh, pws, px, variant="gathered, no remat")
-    assert inside["peak"] < kept["peak"] and inside["all-gathers"] == kept["all-gathers"] + 1
+    assert inside["peak"] < kept["peak"]
+    assert inside["all-gathers per layer"] == kept["all-gathers per layer"] + 1
     # 2: same number of elements per device, another shape: no warning.
     w = jax.device_put(jnp.ones((256, 64)), NamedSharding(mesh, P("x", None)))
     xx = jax.device_put(jnp.ones((64, 256)), NamedSharding(mesh, P("x", None)))
@@ -192,6 +209,8 @@ BAD = {
                                          variant="no remat"), ValueError, "ws"),
     "x wrong width": (lambda m, e: sm.remat_row(m, jnp.ones((1, 8, 8)), jnp.ones((8, 4)),
                                                 variant="no remat"), ValueError, "width"),
+    "unrolled not a bool": (lambda m, e: sm.remat_grad(m, variant="no remat", unrolled=1),
+                            TypeError, "unrolled"),
     "donation of a plain function": (lambda m, e: sm.check_donation(_sgd, 1, 2), TypeError,
                                      "jitted function"),
 }

@@ -39,6 +39,8 @@ REMAT_VARIANTS: dict[str, str] = {
     "gathered outside remat": "the weight is gathered, then passed to jax.checkpoint(layer)",
     "gathered inside remat": "jax.checkpoint(layer), the layer gathers its weight",
     "inside remat, save gathered": "the same, with save_only_these_names('gathered')",
+    "inside remat, input pinned": "jax.checkpoint(layer), the weight constrained sharded "
+                                  "as it enters and gathered inside",
 }
 
 
@@ -74,11 +76,18 @@ def _check_stack(ws: Any, x: Any) -> None:
             f"x's last dimension ({x.shape[-1]}) must equal the layers' width ({ws.shape[1]}).")
 
 
-def stack_loss(ws: jax.Array, x: jax.Array, *, layer: Callable[..., Any] | None = None
-               ) -> jax.Array:
+def stack_loss(ws: jax.Array, x: jax.Array, *, layer: Callable[..., Any] | None = None,
+               unrolled: bool = False) -> jax.Array:
     """Mean square of the stack's output on ``x`` ``[batch, width]``; ``layer(h, w) -> (h,
-    None)`` runs one layer (default: ``tanh(h @ w)``, unconstrained)."""
-    h, _ = jax.lax.scan(layer or (lambda h, w: (jnp.tanh(h @ w), None)), x, ws)
+    None)`` runs one layer (default: ``tanh(h @ w)``, unconstrained). The layers run in a
+    ``lax.scan``, or with ``unrolled=True`` in a Python loop (one copy per layer)."""
+    layer = layer or (lambda h, w: (jnp.tanh(h @ w), None))
+    if unrolled:
+        h = x
+        for i in range(ws.shape[0]):
+            h, _ = layer(h, ws[i])
+    else:
+        h, _ = jax.lax.scan(layer, x, ws)
     return jnp.mean(h ** 2)
 
 
@@ -101,9 +110,12 @@ def fsdp_layer(mesh: Mesh, *, gather: bool, batch_axes: Any = "x") -> Callable[.
     return layer
 
 
-def remat_grad(mesh: Mesh, *, variant: str, axis: str = "x") -> Callable[..., Any]:
+def remat_grad(mesh: Mesh, *, variant: str, axis: str = "x", unrolled: bool = False
+               ) -> Callable[..., Any]:
     """``jit(grad(stack_loss))`` built the way ``variant`` (a key of :data:`REMAT_VARIANTS`)
-    says, on ``mesh`` (Auto axes) with the batch sharded over ``axis``."""
+    says, on ``mesh`` (Auto axes) with the batch sharded over ``axis``; the layers in a
+    ``lax.scan``, or unrolled (:func:`stack_loss`)."""
+    unrolled = checks.flag("unrolled", unrolled)
     variant = checks.one_of("variant", variant, REMAT_VARIANTS)
     mesh = _auto_mesh("mesh", mesh, [checks.text("axis", axis)])
     whole = NamedSharding(mesh, P())
@@ -119,25 +131,37 @@ def remat_grad(mesh: Mesh, *, variant: str, axis: str = "x") -> Callable[..., An
             return inner(h, jax.lax.with_sharding_constraint(w, whole))
     elif variant == "gathered inside remat":
         layer = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis))
-    else:
+    elif variant == "inside remat, save gathered":
         layer = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis),
                                policy=policies.save_only_these_names("gathered"))
-    return jax.jit(jax.grad(lambda ws, x: stack_loss(ws, x, layer=layer)))
+    else:
+        inner = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis))
+        sharded = NamedSharding(mesh, P(axis, None))
+
+        def layer(h, w):
+            return inner(h, jax.lax.with_sharding_constraint(w, sharded))
+    # The gradient leaves laid out as the weights are, as a training step's would: left to
+    # the partitioner, it may come out whole on every device and hide the difference.
+    return jax.jit(jax.grad(lambda ws, x: stack_loss(ws, x, layer=layer, unrolled=unrolled)),
+                   out_shardings=NamedSharding(mesh, P(None, axis, None)))
 
 
-def remat_row(mesh: Mesh, ws: jax.Array, x: jax.Array, *, variant: str, axis: str = "x"
-              ) -> dict[str, Any]:
+def remat_row(mesh: Mesh, ws: jax.Array, x: jax.Array, *, variant: str, axis: str = "x",
+              unrolled: bool = False) -> dict[str, Any]:
     """Compile :func:`remat_grad` for ``variant`` on ``ws``/``x`` and read the program: its
-    all-gathers (the scan's forward and backward bodies each appear once in the program, so
-    1 means a layer's weight is gathered once and kept, 2 that it is gathered again for the
-    backward pass) and one device's peak memory (:class:`spmd_guide.core.hlo.MemoryStats`)."""
+    all-gathers per layer (a scan's forward and backward bodies each appear once in the
+    program, an unrolled stack has a copy per layer; 1 per layer means each weight is
+    gathered once and kept, 2 that it is gathered again for the backward pass) and one
+    device's peak memory (:class:`spmd_guide.core.hlo.MemoryStats`)."""
     _check_stack(ws, x)
-    fn = remat_grad(mesh, variant=variant, axis=axis)
+    fn = remat_grad(mesh, variant=variant, axis=axis, unrolled=unrolled)
     compiled = hlo.compile(fn, ws, x, compiler_options=hlo.FAST_COMPILE)
     memory = hlo._memory(compiled)
     gathers = hlo.count_kinds(hlo.collectives_in_text(compiled.as_text()))["all-gather"]
-    return {"variant": variant, "all-gathers": gathers,
-            "weight": "re-gathered" if gathers > 1 else "kept",
+    copies = ws.shape[0] if unrolled else 1
+    per_layer = gathers // copies if gathers % copies == 0 else gathers / copies
+    return {"variant": variant, "all-gathers per layer": per_layer,
+            "weight": "re-gathered" if per_layer > 1 else "kept",
             "peak": memory.peak_bytes, "temporaries": memory.temp_bytes}
 
 
