@@ -119,6 +119,29 @@ def test_hybrid_peak_falls_with_k_and_state_does_not_move():
     assert rows[0]["aliased"] == rows[1]["aliased"] == 2 * 64 * 64 * 4 * (1 / 4 + 1 / 8)
 
 
+@pytest.mark.slow
+def test_hybrid_without_the_loop_has_the_one_trip_peak_at_the_page_sizes():
+    mesh = mesh_of(8, ("data", "fsdp"), (2, 4))
+    sizes = dict(layers=4, width=256, batch=2048)
+    plain = sm.hybrid_row(mesh, k=1, loop=False, **sizes)
+    looped = sm.hybrid_row(mesh, k=1, **sizes)
+    assert plain["peak"] == looped["peak"] and plain["k"] == "1, no loop"
+
+
+def test_hybrid_without_the_loop_equals_one_device():
+    mesh = mesh_of(4, ("data", "fsdp"), (2, 2))
+    ws = sm.init_stack(2, layers=2, width=32)
+    mom = jnp.zeros_like(ws)
+    xs = jax.random.normal(jax.random.key(4), (1, 8, 32))
+    want_ws, want_mom = _reference_step(ws, mom, xs)
+    lay = sm.hybrid_shardings(mesh)
+    got_ws, got_mom = sm.hybrid_step(mesh, k=1, loop=False)(
+        jax.device_put(ws, lay["params"]), jax.device_put(mom, lay["state"]),
+        jax.device_put(xs, lay["batch"]))
+    np.testing.assert_allclose(got_ws, want_ws, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_mom, want_mom, rtol=1e-5, atol=1e-6)
+
+
 # --------------------------------------------------------------------------- donation
 
 
@@ -197,6 +220,10 @@ BAD = {
                                ValueError, "learning_rate must be positive"),
     "momentum 1": (lambda m, e: sm.hybrid_step(_hybrid(), k=1, momentum=1.0), ValueError,
                    "momentum must be below 1"),
+    "loop False with k 2": (lambda m, e: sm.hybrid_step(_hybrid(), k=2, loop=False),
+                            ValueError, "needs k=1"),
+    "loop not a bool": (lambda m, e: sm.hybrid_step(_hybrid(), k=1, loop="no"), TypeError,
+                        "loop"),
     "microbatch indivisible": (lambda m, e: sm.hybrid_row(_hybrid(), k=2, layers=1, width=8,
                                                           batch=12), ValueError, "microbatch"),
     "width indivisible": (lambda m, e: sm.hybrid_row(_hybrid(), k=1, layers=1, width=12,

@@ -184,15 +184,21 @@ def hybrid_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
             "batch": s(None, ("data", "fsdp"), None)}
 
 
-def hybrid_step(mesh: Mesh, *, k: int, learning_rate: float = 0.1, momentum: float = 0.9
-                ) -> Callable[..., Any]:
+def hybrid_step(mesh: Mesh, *, k: int, learning_rate: float = 0.1, momentum: float = 0.9,
+                loop: bool = True) -> Callable[..., Any]:
     """One SGD-with-momentum step of the layer stack under hybrid sharding
     (:func:`hybrid_shardings`), accumulating the gradient of ``k`` microbatches with
     ``lax.scan``: ``step(ws, mom, xs) -> (ws, mom)``, ``xs`` ``[k, b, width]``, the
     gradient the mean of the ``k`` microbatch gradients (each microbatch's loss a mean over
     ``b`` rows, so this is the gradient over all ``k b`` rows). ``ws`` and ``mom`` are donated.
+    ``loop=False`` (only with ``k=1``) takes the gradient of the one microbatch directly: no
+    loop and no accumulator, the step as written without accumulation.
     """
     k = checks.count("k", k)
+    loop = checks.flag("loop", loop)
+    if not loop and k != 1:
+        raise checks.InputError(f"loop=False is the step without accumulation: it needs k=1, "
+                                f"got k={k}.")
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     momentum = checks.real("momentum", momentum, minimum=0.0, maximum=1.0,
                            inclusive_max=False)
@@ -205,8 +211,11 @@ def hybrid_step(mesh: Mesh, *, k: int, learning_rate: float = 0.1, momentum: flo
     def step(ws, mom, xs):
         def accumulate(total, x):
             return total + constrain(grad(ws, x), lay["state"]), None
-        zeros = constrain(jnp.zeros_like(ws), lay["state"])
-        total, _ = jax.lax.scan(accumulate, zeros, xs)
+        if loop:
+            zeros = constrain(jnp.zeros_like(ws), lay["state"])
+            total, _ = jax.lax.scan(accumulate, zeros, xs)
+        else:
+            total = constrain(grad(ws, xs[0]), lay["state"])
         mom = momentum * mom + total / k
         return constrain(ws - learning_rate * constrain(mom, lay["params"]), lay["params"]), mom
 
@@ -214,9 +223,11 @@ def hybrid_step(mesh: Mesh, *, k: int, learning_rate: float = 0.1, momentum: flo
                    lay["batch"]), out_shardings=(lay["params"], lay["state"]))
 
 
-def hybrid_row(mesh: Mesh, *, k: int, layers: int, width: int, batch: int) -> dict[str, Any]:
-    """Compile :func:`hybrid_step` for a global batch of ``batch`` rows in ``k``
-    microbatches (abstract arguments: nothing is allocated) and read one device's memory."""
+def hybrid_row(mesh: Mesh, *, k: int, layers: int, width: int, batch: int,
+               loop: bool = True) -> dict[str, Any]:
+    """Compile :func:`hybrid_step` (``loop`` as there) for a global batch of ``batch`` rows in
+    ``k`` microbatches (abstract arguments: nothing is allocated) and read one device's
+    memory."""
     k = checks.count("k", k)
     layers, width = checks.count("layers", layers), checks.count("width", width)
     batch = checks.count("batch", batch)
@@ -230,10 +241,10 @@ def hybrid_row(mesh: Mesh, *, k: int, layers: int, width: int, batch: int) -> di
     ws = jax.ShapeDtypeStruct((layers, width, width), jnp.float32, sharding=lay["params"])
     mom = jax.ShapeDtypeStruct((layers, width, width), jnp.float32, sharding=lay["state"])
     xs = jax.ShapeDtypeStruct((k, micro, width), jnp.float32, sharding=lay["batch"])
-    compiled = hlo.compile(hybrid_step(mesh, k=k), ws, mom, xs,
+    compiled = hlo.compile(hybrid_step(mesh, k=k, loop=loop), ws, mom, xs,
                            compiler_options=hlo.FAST_COMPILE)
     memory = hlo._memory(compiled)
-    return {"k": k, "microbatch": micro, "arguments": memory.argument_bytes,
+    return {"k": k if loop else "1, no loop", "microbatch": micro, "arguments": memory.argument_bytes,
             "temporaries": memory.temp_bytes, "peak": memory.peak_bytes,
             "aliased": memory.alias_bytes}
 
