@@ -73,7 +73,12 @@ class DamagedCheckpointError(checks.InputError):
 def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> pathlib.Path:
     """``directory`` as an absolute path; refuses what is not a path, an empty or blank
     path (it would mean the current directory) and a file."""
-    path = checks.path(name, directory, what="a path to a directory").expanduser().absolute()
+    path = checks.path(name, directory, what="a path to a directory")
+    if not path.parts:  # Path('') and '.' are both Path('.'): the current directory, unnamed
+        raise checks.InputError(
+            f"{name} must not be empty or '.', got {checks.value_text(directory)}: it would "
+            f"mean the current directory; name a directory explicitly (e.g. './checkpoints').")
+    path = path.expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise checks.InputError(f"{name} {str(path)!r} is a file, not a directory.")
     if must_exist and not path.exists():
