@@ -66,8 +66,11 @@ UNCHECKED = {
     "collective_matmul.allgather_bidi_per_device", "collective_matmul.reduce_scatter_per_device",
     "collective_matmul.reduce_scatter_overlapped_per_device",
     "collective_matmul.reduce_scatter_bidi_per_device",
+    "collective_matmul.allgather_bidi_fused_per_device",
+    # Reads the stderr text of a process that failures.failure_modes (which checks) started.
+    "failures.short_verdict",
     # Readers of a compiled program that ring_costs.compile_variant (which checks) made.
-    "ring_costs.matmuls_before_first_transfer", "ring_costs.summed_at_end",
+    "ring_costs.matmuls_before_first_transfer", "ring_costs.is_bidi", "ring_costs.summed_at_end",
 }
 
 
