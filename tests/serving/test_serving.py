@@ -522,17 +522,21 @@ def test_recompute_generate_makes_generates_checks():
         serving.recompute_generate(params, np.full((1, 3), 48), config=CONFIG, steps=2)
     with pytest.raises(checks.InputTypeError, match="Config"):
         serving.recompute_generate(params, prompt, config="C", steps=2)
-    with pytest.raises(checks.InputError, match="generate at most 14 steps"):
-        serving.recompute_generate(params, prompt, config=CONFIG, steps=15)
+    with pytest.raises(checks.InputError, match=r"generate at most 13 new tokens \(steps=13\)"):
+        serving.recompute_generate(params, prompt, config=CONFIG, steps=14)
 
 
 def test_prompt_longer_than_the_positions_says_so():
     params, _, _, _ = fixture()
     with pytest.raises(checks.InputError, match="longer than the model's config.seq_len=20"):
         serving.generate(params, np.zeros((1, 21), np.int32), config=CONFIG, steps=1)
-    # The last position the model has: prompt_len + steps - 1 = seq_len (review B10).
-    out = serving.generate(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=11)
-    assert out.shape == (1, 21)
+    # The whole sequence fits the model's positions: prompt_len + steps = seq_len, and one
+    # more step is refused (a token past seq_len has no position; turn-5 audit D).
+    out = serving.generate(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=10)
+    assert out.shape == (1, 20)
+    for fn in (serving.generate, serving.generate_with_logits, serving.recompute_generate):
+        with pytest.raises(checks.InputError, match=r"makes 21 tokens.*\(steps=10\)"):
+            fn(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=11)
 
 
 def test_decode_collectives_refuses_an_empty_cache_and_no_strategy():

@@ -61,6 +61,16 @@ class Run:
     def tokens_per_decode_step(self) -> float:
         return sum(self.busy) / max(self.decode_steps, 1)
 
+    @property
+    def tokens(self) -> int:
+        """Every new token, the ones prefills made included."""
+        return sum(len(o) for o in self.outputs)
+
+    def priced_tokens_per_s(self, *, decode_s: float, prefill_s: float) -> float:
+        """All the tokens over the time of every step: ``prefills * prefill_s +
+        decode_steps * decode_s`` seconds."""
+        return self.tokens / (self.prefills * prefill_s + self.decode_steps * decode_s)
+
 
 def check_requests(requests: Any, config: Config) -> list[list[int]]:
     """A non-empty sequence of prompts, each a non-empty sequence of ids in ``[0, vocab)``."""
@@ -109,12 +119,13 @@ def run(params: Params, requests: Any, *, config: Config, max_new_tokens: int, s
     srv = server(config, strategy=strategy, mesh=mesh)
     reqs = check_requests(requests, config)
     limit = checks.count("max_new_tokens", max_new_tokens)
-    slots = srv.check_batch(checks.count("slots", slots))
+    slots = srv.check_batch(slots, name="slots")
     eos = None if eos_id is None else checks.count("eos_id", eos_id, minimum=0,
                                                    maximum=config.vocab - 1)
     policy = checks.one_of("policy", policy, ("continuous", "static"))
     width = max(len(r) for r in reqs)
-    max_len = check_length(config, width, limit)
+    max_len = check_length(config, width, limit, steps_name="max_new_tokens",
+                           prompt_name="longest request")
     params = srv.place_params(params)
     cache = init_cache(config, batch=slots, max_len=max_len, strategy=srv.strategy,
                        mesh=srv.mesh)
@@ -189,12 +200,19 @@ def compiled_programs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     return result, count
 
 
-def throughput_rows(runs: dict[str, Run], *, step_s: float, chip: str) -> list[dict[str, Any]]:
+def throughput_rows(runs: dict[str, Run], *, decode_s: float, prefill_s: float,
+                    chip: str) -> list[dict[str, Any]]:
     """One table row per run: its prefill and decode steps, the tokens a decode step made
-    for requests (measured), and the tokens per second per chip that would give at
-    ``step_s`` seconds per decode step (a roofline prediction for ``chip``; prefill time left
-    out)."""
-    step_s = checks.real("step_s", step_s, positive=True)
+    for requests (measured), and two predictions of the tokens per second per chip on
+    ``chip``, from a roofline's ``decode_s`` seconds per decode step and ``prefill_s`` per
+    prefill step: decode steps alone (the tokens decode steps made over their time), and
+    every step priced (all the tokens, the prefills' first ones included, over the time of
+    the prefills and the decode steps)."""
+    decode_s = checks.real("decode_s", decode_s, positive=True)
+    prefill_s = checks.real("prefill_s", prefill_s, positive=True)
+    checks.text("chip", chip)
+    if not isinstance(runs, dict) or not runs:
+        raise checks.InputTypeError("runs must map labels to Runs from run(...).")
     rows = []
     for label, r in runs.items():
         if not isinstance(r, Run):
@@ -202,6 +220,8 @@ def throughput_rows(runs: dict[str, Run], *, step_s: float, chip: str) -> list[d
         rows.append({"batching": label, "prefill steps": r.prefills,
                      "decode steps": r.decode_steps,
                      "tokens per decode step (measured)": f"{r.tokens_per_decode_step:.2f}",
-                     f"tokens/s per chip, {chip} (predicted)":
-                         f"{r.tokens_per_decode_step / step_s:,.0f}"})
+                     f"tokens/s, decode only ({chip}, predicted)":
+                         f"{r.tokens_per_decode_step / decode_s:,.0f}",
+                     f"tokens/s, all steps ({chip}, predicted)":
+                         f"{r.priced_tokens_per_s(decode_s=decode_s, prefill_s=prefill_s):,.0f}"})
     return rows

@@ -135,7 +135,7 @@ def plan(params: Params, prompt: Any, *, config: Config, steps: int, strategy: A
     pad_id = _token_id("pad_id", pad_id, config.vocab)
     width = int(lengths.max())
     max_len = check_length(config, width, steps)
-    srv.check_batch(prompt.shape[0])
+    srv.check_batch(prompt.shape[0], name="the prompt's rows")
     return Plan(srv, srv.place_params(params), prompt[:, :width], lengths, steps, max_len,
                 chosen, srv.place_key(key), eos_id, pad_id, prompt.shape[1] + steps)
 
@@ -316,6 +316,10 @@ def abstract_params(config: Config, srv: Server) -> Params:
         raise checks.InputTypeError(
             f"srv must be a Server from server(config, strategy=..., mesh=...), got "
             f"{checks.value_text(srv)}.")
+    if srv.config != config:
+        raise checks.InputError(
+            f"srv serves another config ({srv.config}) than config ({config}); make it with "
+            "server(config, strategy=..., mesh=...).")
     dtype = jnp.dtype(config.dtype)
     shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
                           is_leaf=lambda x: isinstance(x, tuple))
