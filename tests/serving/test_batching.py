@@ -112,7 +112,9 @@ def test_sharded_serve_equals_alone(name, n, explicit):
     ({"config": "C"}, checks.InputTypeError, "Config"),
     ({"strategy": "cp"}, checks.InputError, "cannot run this decode step"),
     ({"strategy": "dp", "slots": 3, "mesh": mesh_of(2, ("data",))}, checks.InputError,
-     "does not split"),
+     "dimension 0 of slots is 3, which does not split"),
+    ({"max_new_tokens": 16}, checks.InputError, "plus max_new_tokens=16"),
+    ({"slots": np.int64(0)}, checks.InputError, "slots must be at least 1"),
     ({"params": {"embed": np.zeros((40, 32))}}, checks.InputError, "params"),
 ])
 def test_bad_input_is_refused(kw, error, words):

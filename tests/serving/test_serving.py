@@ -378,6 +378,28 @@ def test_cached_attention_and_abstract_params_refuse_bad_input(call, words):
         call()
 
 
+def test_abstract_params_refuses_a_server_of_another_config():
+    small = Config(vocab=16, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=20)
+    with pytest.raises(checks.InputError, match="srv serves another config"):
+        serving.abstract_params(Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2,
+                                       seq_len=20), serving.server(small))
+    shapes = serving.abstract_params(small, serving.server(small))
+    assert shapes["embed"].shape == (16, 32)
+
+
+def test_integer_scalars_of_numpy_and_jax_are_ints():
+    """eos_id, pad_id, steps and top_k as NumPy or JAX integer scalars give what ints give
+    (turn-5 audit E: jnp.int32(e) was refused while a JAX float temperature was taken)."""
+    params, prompt, _, _ = fixture()
+    want = serving.generate(params, prompt, config=CONFIG, steps=4, eos_id=5, pad_id=1,
+                            temperature=0.8, top_k=12, key=3)
+    for cast in (np.int32, jnp.int32, np.int64):
+        got = serving.generate(params, prompt, config=CONFIG, steps=cast(4), eos_id=cast(5),
+                               pad_id=cast(1), temperature=jnp.float32(0.8), top_k=cast(12),
+                               key=3)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_cached_attention_takes_a_numpy_start():
     assert serving.cached_attention(_Q, _CACHE, _CACHE, start=np.int32(3)).shape == _Q.shape
 
