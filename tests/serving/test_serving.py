@@ -621,3 +621,52 @@ def test_the_boundary_refuses_each_class_of_bad_argument(call, words):
     with pytest.raises(checks.InputError) as info:
         call()
     assert words in str(info.value)
+
+
+def test_each_sampler_and_stop_token_compiles_its_own_program():
+    """The sampling page's note (review, missing for a practitioner): the sampler and eos_id
+    are static in generate's program, so a new value compiles a new whole-generation program
+    and a repeated one compiles nothing."""
+    from spmd_guide.serving import batching
+
+    params, prompt, _, _ = fixture()
+    run = functools.partial(batching.compiled_programs, serving.generate, params, prompt,
+                            config=CONFIG, steps=3, key=1)
+    run(temperature=0.8, top_p=0.9, eos_id=5)
+    for options in ({"temperature": 0.81, "top_p": 0.9, "eos_id": 5},
+                    {"temperature": 0.8, "top_p": 0.91, "eos_id": 5},
+                    {"temperature": 0.8, "top_p": 0.9, "eos_id": 6}):
+        assert run(**options)[1] >= 1, options
+    assert run(temperature=0.8, top_p=0.9, eos_id=5)[1] == 0
+
+
+@pytest.mark.parametrize(("name", "n"), [(None, 1), ("dp", 2), ("tp", 2)])
+def test_one_key_per_row_makes_each_sampled_row_its_request_alone(name, n):
+    """Keys of shape [batch]: row i of a sampled, ragged batch equals its prompt generated
+    alone with the single key keys[i], on one device and sharded (review S2: with one key for
+    the batch a row's noise depends on its index)."""
+    params, prompt, _, _ = fixture()
+    rows = 4
+    lengths = LENGTHS[:rows]
+    keys = jax.random.split(jax.random.key(9), rows)
+    mesh = None if name is None else serving.STRATEGIES[name].mesh(jax.devices()[:n])
+    out = np.asarray(serving.generate(params, prompt[:rows], config=CONFIG, steps=4,
+                                      prompt_lengths=lengths, key=keys, strategy=name,
+                                      mesh=mesh, **SAMPLED))
+    shared = np.asarray(serving.generate(params, prompt[:rows], config=CONFIG, steps=4,
+                                         prompt_lengths=lengths, key=keys[0], **SAMPLED))
+    for i, n_i in enumerate(lengths):
+        alone = np.asarray(serving.generate(params, prompt[i:i + 1, :n_i], config=CONFIG,
+                                            steps=4, key=keys[i], **SAMPLED))[0]
+        np.testing.assert_array_equal(out[i, :n_i + 4], alone)
+    assert (shared != out).any()  # one key for all rows draws other tokens
+
+
+def test_a_row_of_keys_of_another_length_is_refused():
+    params, prompt, _, _ = fixture()
+    for keys, error, words in ((jax.random.split(jax.random.key(0), 3), checks.InputError,
+                                "holds 3 keys but there are 8 rows"),
+                               (jax.random.split(jax.random.key(0), (2, 4)),
+                                checks.InputError, "must be one key")):
+        with pytest.raises(error, match=words):
+            serving.generate(params, prompt, config=CONFIG, steps=2, key=keys, **SAMPLED)

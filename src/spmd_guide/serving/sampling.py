@@ -38,8 +38,9 @@ import numpy as np
 
 from spmd_guide.core import checks
 
-__all__ = ["GREEDY", "MIN_TEMPERATURE", "Sampler", "chi_square", "draw_rows", "draws_figure",
-           "frequencies", "probabilities", "restrict", "sample", "sampler", "step_key"]
+__all__ = ["GREEDY", "MIN_TEMPERATURE", "Sampler", "check_key", "chi_square", "draw_rows",
+           "draws_figure", "frequencies", "is_key_row", "probabilities", "restrict", "sample",
+           "sampler", "step_key"]
 
 #: The smallest temperature above 0 a sampler takes: float32's smallest normal number.
 #: Below it the float32 temperature is subnormal, which XLA:CPU flushes to 0.
@@ -156,25 +157,52 @@ def probabilities(logits: Any, sampler: Sampler) -> jax.Array:
     return jax.nn.softmax(restrict(jnp.asarray(logits), sampler), axis=-1)
 
 
+def is_key_row(key: Any) -> bool:
+    """Whether ``key`` is a 1-D array of typed keys (one per row of a batch), as
+    ``jax.random.split(key, batch)`` makes."""
+    return ((isinstance(key, (jax.Array, np.ndarray)) or checks.is_traced(key))
+            and jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1)
+
+
+def check_key(key: Any, *, batch: int | None = None, name: str = "key") -> jax.Array:
+    """One key (as :func:`checks.key` takes it), or one typed key per row: a ``[batch]`` key
+    array (``batch`` rows if given)."""
+    if is_key_row(key):
+        if batch is not None and key.shape != (batch,):
+            raise checks.InputError(
+                f"{name} holds {key.shape[0]} keys but there are {batch} rows: pass one key, "
+                f"or one per row (jax.random.split(key, {batch})).")
+        return key
+    return checks.key(name, key)
+
+
 def step_key(key: jax.Array, t: Any) -> jax.Array:
     """The key of generation step ``t`` (an integer >= 0, or traced): a function of the key
-    and the step only."""
-    key = checks.key("key", key)
+    and the step only. A row of keys gives a row of step keys, each folded alike."""
+    key = check_key(key)
     if not checks.is_traced(t):
         t = checks.count("t", t, minimum=0)
     elif not jnp.issubdtype(t.dtype, jnp.integer) or t.ndim:
         raise checks.InputTypeError(f"t must be an integer scalar, got {t.dtype}{list(t.shape)}.")
+    if key.ndim == 1:
+        return jax.vmap(lambda k: jax.random.fold_in(k, t))(key)
     return jax.random.fold_in(key, t)
 
 
 def sample(logits: jax.Array, key: jax.Array, sampler: Sampler) -> jax.Array:
     """One token per row of ``logits`` ``[batch, vocab]`` (int32 ``[batch]``): the argmax
     if greedy, else a draw from :func:`probabilities` with ``key`` (the Gumbel-max trick
-    of ``jax.random.categorical``)."""
+    of ``jax.random.categorical``). ``key`` is one key, whose noise ``[batch, vocab]``
+    differs from row to row, or one key per row (``[batch]``): then each row's draw is
+    the one that row would get alone in a batch of 1 with its own key."""
     if _check_sampler(sampler).greedy:
         return jnp.argmax(_check_logits(logits), axis=-1).astype(jnp.int32)
-    return jax.random.categorical(checks.key("key", key), restrict(logits, sampler),
-                                  axis=-1).astype(jnp.int32)
+    cut = restrict(logits, sampler)
+    if cut.ndim == 2 and is_key_row(key):
+        keys = check_key(key, batch=cut.shape[0])
+        return jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, cut).astype(
+            jnp.int32)
+    return jax.random.categorical(checks.key("key", key), cut, axis=-1).astype(jnp.int32)
 
 
 def frequencies(logits: Any, sampler: Sampler, *, key: Any, draws: int) -> np.ndarray:

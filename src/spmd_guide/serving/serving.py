@@ -130,7 +130,8 @@ def plan(params: Params, prompt: Any, *, config: Config, steps: int, strategy: A
     lengths = _lengths(prompt_lengths, prompt)
     chosen = sampling.sampler(temperature=temperature, top_k=top_k, top_p=top_p, key=key,
                               vocab=config.vocab)
-    key = checks.key("key", key) if key is not None else jax.random.key(0)
+    key = (sampling.check_key(key, batch=prompt.shape[0]) if key is not None
+           else jax.random.key(0))
     eos_id = None if eos_id is None else _token_id("eos_id", eos_id, config.vocab)
     pad_id = _token_id("pad_id", pad_id, config.vocab)
     width = int(lengths.max())
@@ -153,7 +154,10 @@ def generate(params: Params, prompt: Any, *, config: Config, steps: int, strateg
     * ``temperature`` 0 is greedy; above 0 it samples (``key`` needed) from the softmax of
       ``logits / temperature`` cut to the ``top_k`` likeliest tokens and/or the smallest set
       reaching probability ``top_p``. The same key gives the same tokens on one device and
-      under every served ``strategy`` (a name of :data:`SERVED`) on ``mesh``.
+      under every served ``strategy`` (a name of :data:`SERVED`) on ``mesh``, as long as
+      their logits agree (they differ in the last bits). ``key`` is one key, or one per
+      prompt row (a ``[batch]`` key array, e.g. ``jax.random.split(key, batch)``): then row
+      ``i`` draws exactly what its prompt would draw alone with the single key ``key[i]``.
     * ``eos_id``: every position after a row's first new ``eos_id`` is ``eos_id``; the loop
       stops once every row has one.
     * ``prompt_lengths`` (int ``[batch]``): row ``i``'s prompt is ``prompt[i, :n_i]``; its
