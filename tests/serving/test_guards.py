@@ -48,6 +48,12 @@ def _decode() -> costs.StepCounts:
     return costs.step_counts("decode", batch=1)
 
 
+@functools.cache
+def _line() -> costs.Line:
+    return costs.Line.through(costs.step_counts("decode", batch=1),
+                              costs.step_counts("decode", batch=2))
+
+
 def _serve(**kw: Any) -> Any:
     args = {"config": CONFIG, "max_new_tokens": 2, "slots": 2} | kw
     return batching.run(params(), [[1, 2], [3]], **args)
@@ -157,6 +163,18 @@ ARGS: list[tuple[str, Callable[..., Any], str, Any, str, bool, Callable[..., Any
      None),
     ("collective_latency", lambda **kw: costs.collective_latency(_decode(), **kw), "hop_s",
      1e-6, "real", True, "same"),
+    ("estimate_at", lambda **kw: costs.estimate_at(_line(), chip="h100-sxm",
+                                                   **({"batch": 4} | kw)),
+     "batch", 4, "real", False, "same"),
+    ("step_args", lambda **kw: serving.step_args(
+        step.server(CONFIG), **({"batch": 2, "length": 1, "max_len": 4} | kw)), "batch", 2,
+     "int", False, "same"),
+    ("step_args", lambda **kw: serving.step_args(
+        step.server(CONFIG), **({"batch": 2, "length": 1, "max_len": 4} | kw)), "length", 1,
+     "int", False, "same"),
+    ("step_args", lambda **kw: serving.step_args(
+        step.server(CONFIG), **({"batch": 2, "length": 1, "max_len": 4} | kw)), "max_len", 4,
+     "int", False, "same"),
 ]
 
 IDS = [f"{label}-{arg}" for label, _, arg, *_ in ARGS]

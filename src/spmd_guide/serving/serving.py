@@ -336,6 +336,13 @@ def abstract_params(config: Config, srv: Server) -> Params:
 def step_args(srv: Server, *, batch: int, length: int, max_len: int) -> tuple[Any, ...]:
     """Abstract arguments of ``srv``'s step: ``batch`` rows of ``length`` tokens, all at one
     position, into a cache of ``max_len`` positions."""
+    if not isinstance(srv, Server):
+        raise checks.InputTypeError(
+            f"srv must be a Server from server(config, strategy=..., mesh=...), got "
+            f"{checks.value_text(srv)}.")
+    batch = srv.check_batch(batch)
+    max_len = check_max_len(srv.config, max_len)
+    length = checks.count("length", length, maximum=max_len)
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     return (abstract_params(srv.config, srv),
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=srv.sharding("tokens")),
