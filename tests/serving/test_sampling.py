@@ -181,7 +181,7 @@ def test_tiny_temperatures_draw_the_argmax(temperature):
         chosen = sampling.Sampler(temperature, **top)
         probs = np.asarray(sampling.probabilities(logits, chosen))
         np.testing.assert_array_equal(probs, np.eye(4)[[2, 0]])
-        for seed in range(5):
+        for seed in range(2):
             np.testing.assert_array_equal(
                 np.asarray(sampling.sample(logits, jax.random.key(seed), chosen)), [2, 0])
 

@@ -158,7 +158,9 @@ def test_a_cache_of_another_shape_is_named():
             srv.feed(params(), [[1], [3]], 0, cache)
 
 
-def test_sampled_step_gathers_rows_only_where_split():
+@pytest.mark.parametrize("names", [("dp",), pytest.param(("fsdp", "tp"),
+                                                          marks=pytest.mark.slow)])
+def test_sampled_step_gathers_rows_only_where_split(names):
     """Review S10: a sampled step gathers each row whole on the devices that draw it. Under
     dp (rows split, vocabulary whole) it sends nothing, as the greedy step; under fsdp it
     sends what the greedy step sends; under tp it gathers the vocabulary, as the greedy step
@@ -166,7 +168,7 @@ def test_sampled_step_gathers_rows_only_where_split():
     from spmd_guide.serving import sampling
 
     sampled = sampling.Sampler(0.8, top_p=0.9)
-    for name in ("dp", "fsdp", "tp"):
+    for name in names:
         srv = step.server(CONFIG, strategy=name,
                           mesh=serving.STRATEGIES[name].mesh(jax.devices()[:2]))
         args = serving.step_args(srv, batch=2, length=1, max_len=8)
