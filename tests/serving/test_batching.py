@@ -179,3 +179,16 @@ def test_throughput_rows():
         batching.throughput_rows({"a": 1}, decode_s=1, prefill_s=1, chip="x")
     with pytest.raises(checks.InputTypeError, match="runs must map"):
         batching.throughput_rows({}, decode_s=1, prefill_s=1, chip="x")
+
+
+def test_a_short_prefill_is_priced_as_a_decode_step():
+    """The batching page's reason continuous batching loses once prefills are priced: on the
+    priced model, a prefill of 4 prompts of 6 tokens and a decode step of 4 rows are both
+    bound by reading the weights, so they cost about the same (within 5%) on an H100."""
+    from spmd_guide.serving import costs
+
+    decode = costs.step_counts("decode", batch=4).estimate("h100-sxm")
+    prefill = costs.step_counts("prefill", batch=4, prompt_len=6).estimate("h100-sxm")
+    for est in (decode, prefill):
+        assert est.memory_s >= max(est.compute_s, est.comm_s), est
+    assert prefill.step_s == pytest.approx(decode.step_s, rel=0.05)
