@@ -10,7 +10,12 @@ step prefills it into that row while the other rows keep their caches.
 Every program has a fixed shape, so the number of compiled programs does not grow with the
 number of requests: one prefill of ``slots`` rows (the prompts right-padded to the longest
 one; rows not being refilled keep their cache) and one decode step (each row at its own
-position), whatever the queue holds.
+position). Their shapes follow the longest request and ``max_new_tokens`` (the cache holds
+``longest + max_new_tokens - 1`` positions), so another of either compiles them again.
+
+Each prefill here runs every slot's row, a whole step: it costs about a decode step, so
+continuous batching's extra prefills can outweigh the idle rows it saves
+(:func:`throughput_rows` prices both). Chunked prefill (Sarathi-Serve) makes refills cheap.
 """
 
 from __future__ import annotations
@@ -177,7 +182,8 @@ def serve(params: Params, requests: Any, *, config: Config, max_new_tokens: int,
     """Continuous batching of ``requests`` (prompts as lists of token ids) through ``slots``
     cache slots, greedy: each request's new tokens, up to and including ``eos_id`` or
     ``max_new_tokens`` of them, equal to generating that request alone. Compiles one prefill
-    and one decode program however many requests there are."""
+    and one decode program however many requests there are (the cache's length, and so the
+    programs, follow the longest request and ``max_new_tokens``)."""
     return run(params, requests, config=config, max_new_tokens=max_new_tokens, slots=slots,
                strategy=strategy, mesh=mesh, eos_id=eos_id).outputs
 
