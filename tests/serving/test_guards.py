@@ -269,6 +269,34 @@ def test_compiling_entry_points_take_integer_scalars(cast):
                                  slots=2, eos_id=3)
 
 
+# --------------------------------------------------------------------------- keys
+
+
+@pytest.mark.parametrize("key", ["k", 1.5, True, np.float32(1), jnp.float32(1),
+                                 np.zeros(3, np.uint32), jax.random.split(jax.random.key(0),
+                                                                          (2, 2)),
+                                 jax.random.split(jax.random.key(0), 3), [1, 2]],
+                         ids=["str", "float", "bool", "np float", "jax float", "uint32[3]",
+                              "2-D keys", "3 keys for 2 rows", "list"])
+def test_every_bad_key_is_refused(key, empty_cwd):
+    with pytest.raises(checks.InputError, match="key"):
+        serving.plan(params(), PROMPT, config=CONFIG, steps=2, temperature=0.7, key=key)
+
+
+def test_a_sampled_generation_without_a_key_is_refused():
+    with pytest.raises(checks.InputError, match="key=jax.random.key"):
+        serving.generate(params(), PROMPT, config=CONFIG, steps=2, temperature=0.7)
+
+
+def test_integer_seeds_of_every_kind_are_the_same_key():
+    want = jax.random.key_data(serving.plan(params(), PROMPT, config=CONFIG, steps=2,
+                                            temperature=0.7, key=jax.random.key(3)).key)
+    for seed in (3, np.int64(3), np.int32(3), jnp.int32(3), np.array(3)):
+        got = serving.plan(params(), PROMPT, config=CONFIG, steps=2, temperature=0.7,
+                           key=seed).key
+        np.testing.assert_array_equal(jax.random.key_data(got), want)
+
+
 # --------------------------------------------------------------------------- meshes
 
 MESH_CALLS: list[tuple[str, Callable[..., Any]]] = [

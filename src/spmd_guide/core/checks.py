@@ -135,6 +135,9 @@ def key(name: str, value: Any) -> jax.Array:
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return jax.random.key(int(value))
+    if (isinstance(value, (jax.Array, np.ndarray)) and not is_traced(value)
+            and value.ndim == 0 and _kind(value.dtype) in "iu"):
+        return jax.random.key(int(value))  # a NumPy or JAX integer scalar seed
     if isinstance(value, (jax.Array, np.ndarray)) or is_traced(value):
         dtype = value.dtype
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
