@@ -90,8 +90,8 @@ def real(name: str, value: Any, *, positive: bool = False, minimum: float | None
     """
     if is_traced(value):
         return value
-    if (isinstance(value, (bool, np.bool_, str, bytes)) or value is None
-            or getattr(getattr(value, "dtype", None), "kind", None) == "b"):
+    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None or (
+            getattr(value, "dtype", None) is not None and getattr(value.dtype, "kind", "") == "b"):
         raise InputTypeError(f"{name} must be a real number, got {value_text(value)}.")
     try:
         number = float(value)
