@@ -53,9 +53,11 @@ def is_traced(value: Any) -> bool:
 
 def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints
-    included; not ``bool``) in ``[minimum, maximum]``."""
+    and concrete 0-d NumPy/JAX integer arrays such as ``jnp.int32(3)`` included; not
+    ``bool``) in ``[minimum, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        if (isinstance(value, (np.ndarray, jax.Array)) and not is_traced(value)
+                and value.ndim == 0 and np.dtype(value.dtype).kind in "iu"):
             value = value.item()
         else:
             raise InputTypeError(
@@ -133,6 +135,9 @@ def key(name: str, value: Any) -> jax.Array:
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return jax.random.key(int(value))
+    if (isinstance(value, (jax.Array, np.ndarray)) and not is_traced(value)
+            and value.ndim == 0 and _kind(value.dtype) in "iu"):
+        return jax.random.key(int(value))  # a NumPy or JAX integer scalar seed
     if isinstance(value, (jax.Array, np.ndarray)) or is_traced(value):
         dtype = value.dtype
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
