@@ -3,6 +3,8 @@ and refuses bad ones with an error that names the argument, the value and the fi
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -115,7 +117,9 @@ def test_text_instance_record_structure_and_mesh_axes():
 
 
 @pytest.mark.parametrize(("value", "error"), [
-    ("", InputError), ("  ", InputError), (b"/tmp/x", InputTypeError), (3, InputTypeError),
+    ("", InputError), ("  ", InputError), (pathlib.Path(""), InputError),
+    (pathlib.PurePosixPath(""), InputError), (pathlib.PureWindowsPath(""), InputError),
+    (pathlib.Path("."), InputError), (b"/tmp/x", InputTypeError), (3, InputTypeError),
     (None, InputTypeError), (["a"], InputTypeError)])
 def test_path_refuses_what_is_not_a_named_path(value, error):
     """An empty path would mean the current directory: every package function that writes or
@@ -125,6 +129,7 @@ def test_path_refuses_what_is_not_a_named_path(value, error):
 
 
 def test_path_returns_a_pathlib_path():
-    import pathlib
+    assert checks.path("out", ".") == pathlib.Path(".")  # a string "." names it explicitly
+    assert checks.path("out", pathlib.Path.cwd()) == pathlib.Path.cwd()
     assert checks.path("out", "a/b") == pathlib.Path("a/b")
     assert checks.path("out", pathlib.Path("/tmp")) == pathlib.Path("/tmp")

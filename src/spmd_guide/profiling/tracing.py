@@ -344,9 +344,9 @@ def _waits(events: Iterable[Mapping[str, Any]],
 
 def trace_files(folder: str | pathlib.Path) -> list[tuple[str, int]]:
     """``(path relative to folder, bytes)`` of every file a trace wrote under ``folder``."""
-    root = pathlib.Path(folder)
+    root = checks.path("folder", folder, what="a path to a folder")
     if not root.is_dir():
-        raise checks.InputError(f"{str(folder)!r} is not a folder.")
+        raise checks.InputError(f"folder {str(folder)!r} is not a folder.")
     return sorted((str(p.relative_to(root)), p.stat().st_size)
                   for p in root.rglob("*") if p.is_file())
 
