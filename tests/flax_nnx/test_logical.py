@@ -226,3 +226,26 @@ def test_an_optimizer_made_for_another_model_is_refused():
     for got, want in zip(jax.tree.leaves(to_lm_params(second)), jax.tree.leaves(before),
                          strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)  # nothing was updated
+
+
+def test_a_step_frees_no_array_another_object_holds():
+    """train_step does not donate: arrays shared with a clone, or taken before the step with
+    to_lm_params, stay readable and unchanged; the stepped model has new ones."""
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    before = to_lm_params(model)
+    # Copies: a NumPy view of a CPU array would hold its buffer and keep JAX from donating it.
+    saved = jax.tree.map(lambda x: np.array(x, copy=True), before)
+    twin = nnx.clone(model)
+    assert twin.blocks[0].wq.get_value() is model.blocks[0].wq.get_value()  # clone shares
+    train_step(twin, make_optimizer(twin), tokens())
+    train_step(model, make_optimizer(model), tokens())
+    for tree in (before, to_lm_params(nnx.clone(twin))):
+        assert all(not x.is_deleted() for x in jax.tree.leaves(tree))
+    for got, want in zip(jax.tree.leaves(before), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)  # the old values, still there
+    changed = [not np.array_equal(np.asarray(a), b) for a, b in zip(
+        jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(saved), strict=True)]
+    assert all(changed)
+    for a, b in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(to_lm_params(twin)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same start, same step

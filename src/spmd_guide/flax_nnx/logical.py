@@ -451,8 +451,9 @@ def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int) -> A
     return f(state, tokens)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 4), donate_argnums=(2, 3),
-                   compiler_options=hlo.FAST_COMPILE)
+# No donate_argnums: donating the state would free arrays that other live objects may share
+# (a model from nnx.clone, a to_lm_params tree taken before the step), see train_step.
+@functools.partial(jax.jit, static_argnums=(0, 1, 4), compiler_options=hlo.FAST_COMPILE)
 def _step_program(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
                   microbatches: int, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
     model = nnx.merge(graphdef, state)
@@ -466,7 +467,14 @@ def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,
                microbatches: int = 1) -> jax.Array:
     """One AdamW update of ``model`` and ``optimizer`` in place on ``tokens``; the mean loss
     before the update. ``microbatches=k`` accumulates the gradient over ``k`` equal slices
-    of the batch and gives the same update as the whole batch at once."""
+    of the batch and gives the same update as the whole batch at once.
+
+    The step does not donate its inputs: the model's and the optimizer's variables then point
+    at new arrays, and the old ones stay valid for whoever else holds them (a model from
+    ``nnx.clone``, which shares its arrays, or a ``to_lm_params(model)`` tree taken before the
+    step); they are freed when the last reference goes. Donation (``donate_argnums``) would
+    reuse their memory for the update but delete them under every other holder. The price:
+    while the update runs, a device holds the old and the new parameters and AdamW state."""
     model = check_model(model)
     if not isinstance(optimizer, nnx.Optimizer):
         raise checks.InputTypeError(
