@@ -165,10 +165,9 @@ def test_bad_input():
         create({"vocab": 32}, strategy="dp", mesh=mesh)
     with pytest.raises(InputTypeError, match="rngs"):
         Model(CONFIG, rngs=0)
-    # Abstract models and optimizers: every check runs before anything is compiled.
-    model = logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", 1, "auto"))
-    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param),
-                               model)
+    # Every check runs before anything is compiled.
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    optimizer = make_optimizer(model)
     with pytest.raises(InputError, match="microbatches=3"):
         train_step(model, optimizer, tokens(), microbatches=3)
     for k in (0, -2, 1.0, True):
@@ -190,6 +189,11 @@ def test_bad_input():
     other = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param), small)
     with pytest.raises(InputError, match="does not track"):
         train_step(model, other, tokens())
+    # An abstract model (shapes only) compiles, it does not run or make an optimizer.
+    for call in (lambda: make_optimizer(small), lambda: loss(small, tokens()),
+                 lambda: train_step(small, other, tokens())):
+        with pytest.raises(InputError, match="model is abstract"):
+            call()
     auto = mesh_of(2, ("data",))
     manual_mixed = jax.make_mesh((2, 1), ("data", "model"), devices=DEVICES[:2],
                                  axis_types=(jax.sharding.AxisType.Auto,

@@ -40,6 +40,7 @@ from jax.sharding import PartitionSpec as P
 from spmd_guide.core import checks, hlo
 from spmd_guide.flax_nnx.rules import (
     ACTIVATION_NAMES,
+    NAMES,
     PARAM_NAMES,
     RULES,
     Rules,
@@ -50,8 +51,8 @@ from spmd_guide.flax_nnx.rules import (
 from spmd_guide.transformer import lm
 from spmd_guide.transformer.attention import reference_attention
 
-__all__ = ["RULES", "Model", "abstract_model", "create", "loss", "make_optimizer", "mesh_spec",
-           "param_specs", "to_lm_params", "train_step"]
+__all__ = ["RULES", "Model", "abstract_model", "check_concrete", "check_model", "create", "loss",
+           "make_optimizer", "mesh_spec", "param_specs", "to_lm_params", "train_step"]
 
 # --------------------------------------------------------------------------- the model
 
@@ -158,8 +159,10 @@ class Model(nnx.Module):
 
 
 def _float_dtype(name: str, value: Any) -> np.dtype:
+    """A floating dtype; ``None`` is refused (``jnp.dtype(None)`` would be float64, then
+    float32 without x64: not what a caller who passed nothing meant)."""
     try:
-        dtype = jnp.dtype(value)
+        dtype = None if value is None else jnp.dtype(value)
     except TypeError:
         dtype = None
     if isinstance(value, bool) or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
@@ -191,16 +194,45 @@ def check_model(model: Any) -> Model:
                            example="a spmd_guide.flax_nnx.logical.Model (from create or Model(...))")
 
 
+def check_concrete(model: Model, *, name: str = "model") -> Model:
+    """``model`` if its parameters hold values: :func:`abstract_model`'s hold only shapes
+    (``jax.ShapeDtypeStruct``), so it can be compiled against or restored into, not run."""
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(nnx.state(model))):
+        raise checks.InputError(
+            f"{name} is abstract (abstract_model: its parameters are shapes, without values); "
+            f"build it with create(...), or restore values into it with saving.restore.")
+    return model
+
+
 # --------------------------------------------------------------------------- layouts
 
 
 def param_specs(model_or_state: Any, rules: Rules, mesh: Mesh) -> Any:
     """A ``PartitionSpec`` for every leaf of a model's state (parameters, or an optimizer
     state whose variables carry the parameters' names), by :func:`mesh_spec`. Leaves without
-    logical names (the step count) are replicated."""
+    logical names (the step count) are replicated. A rule for a logical name that neither
+    the state nor the activations use is refused: it is a typo, and would lay out nothing."""
+    mesh = checks.mesh("mesh", mesh)
+    rules = check_rules(rules, mesh)
     state = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) \
         else model_or_state
+    variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    if not isinstance(state, nnx.State) or not variables or not all(
+            isinstance(v, nnx.Variable) for v in variables):
+        raise checks.InputTypeError(
+            f"model_or_state must be an NNX module such as a logical.Model, or its nnx.state(...)"
+            f" (variables that carry logical names), got {checks.value_text(model_or_state)}; "
+            f"a plain pytree (lm.init_params, nnx.to_pure_dict) has no names to lay out.")
     logical = nnx.get_partition_spec(state)
+    found = {n for spec in jax.tree.leaves(logical, is_leaf=lambda x: isinstance(x, P))
+             for n in (spec.get_value() if isinstance(spec, nnx.Variable) else spec)
+             if isinstance(n, str)}
+    known = tuple(dict.fromkeys((*NAMES, *sorted(found))))
+    for i, (name, _) in enumerate(rules):
+        if name not in known:
+            raise checks.InputError(
+                f"rules[{i}] is for the logical name {name!r}, which no dimension of the model "
+                f"has; the known names are {known}.")
 
     def spec(names, leaf):
         value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
@@ -315,7 +347,7 @@ def _check_tokens(model: Model, tokens: Any, microbatches: int = 1) -> Any:
     tokens = lm.check_tokens(tokens, model.config)
     batch = int(tokens.shape[0])
     checks.divisible("the batch (tokens.shape[0])", batch, microbatches,
-                     why=f"into microbatches={microbatches} equal slices")
+                     why=f"for microbatches={microbatches}")
     return tokens
 
 
@@ -342,7 +374,7 @@ def _loss_program(graphdef: Any, state: Any, tokens: jax.Array) -> jax.Array:
 def loss(model: Model, tokens: Any) -> jax.Array:
     """Mean next-token cross-entropy of ``tokens`` ``[batch, seq_len + 1]``; equals
     ``lm.lm_loss(to_lm_params(model), tokens, config=model.config)`` (in float32 compute)."""
-    model = check_model(model)
+    model = check_concrete(check_model(model))
     tokens = _check_tokens(model, tokens)
     graphdef, state = nnx.split(model)
     return _loss_program(graphdef, state, _place_tokens(model, tokens))
@@ -361,7 +393,7 @@ def _place_tokens(model: Model, tokens: Any) -> jax.Array:
 def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimizer:
     """``nnx.Optimizer`` with optax AdamW over the model's ``nnx.Param``s, its moments made
     under ``jax.jit`` in the parameters' layouts (ZeRO keeps them split like the weights)."""
-    model = check_model(model)
+    model = check_concrete(check_model(model))
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tx = _adamw(learning_rate)
     if model.mesh is None:
@@ -475,7 +507,7 @@ def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,
     step); they are freed when the last reference goes. Donation (``donate_argnums``) would
     reuse their memory for the update but delete them under every other holder. The price:
     while the update runs, a device holds the old and the new parameters and AdamW state."""
-    model = check_model(model)
+    model = check_concrete(check_model(model))
     if not isinstance(optimizer, nnx.Optimizer):
         raise checks.InputTypeError(
             f"optimizer must be the nnx.Optimizer make_optimizer(model) returns, got "
