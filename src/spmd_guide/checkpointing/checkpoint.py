@@ -47,10 +47,9 @@ from etils import epath
 from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.metadata import array_metadata, array_metadata_store
 
-from spmd_guide.checkpointing.names import is_key, physical
+from spmd_guide.checkpointing.names import is_key, physical, structure_name
 from spmd_guide.checkpointing.names import leaf_name as _name
 from spmd_guide.checkpointing.names import named_leaves as _leaves
-from spmd_guide.checkpointing.names import structure_name
 from spmd_guide.core import checks
 
 __all__ = ["DamagedCheckpointError", "PendingSave", "RestoreTarget", "SavedArray", "latest_step",
