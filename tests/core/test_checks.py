@@ -34,6 +34,10 @@ def test_divisible_accepts_exact_multiples_and_names_the_fix(parts, divisor):
 def test_good_values_come_back_normalised():
     assert checks.count("n", np.int64(3)) == 3 and type(checks.count("n", np.int64(3))) is int
     assert checks.count("n", np.array(5)) == 5
+    assert type(checks.count("n", jax.numpy.int32(4))) is int  # a JAX scalar, concrete
+    assert checks.count("n", jax.numpy.int32(4)) == 4
+    with pytest.raises(InputTypeError, match="must be an integer"):
+        checks.count("n", jax.random.key(0))
     assert checks.counts("shape", np.array([4, 2])) == (4, 2)
     assert checks.real("lr", np.float32(0.5)) == 0.5 and checks.real("lr", 2) == 2.0
     assert checks.key("key", 3).dtype == jax.random.key(3).dtype

@@ -48,7 +48,7 @@ def _host(tree):
 _lm_loss = jax.jit(lm.lm_loss, static_argnames="config")
 
 
-def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
+def check_layout_and_loss(name, n, axis_types, *, part_ix_loss=True):
     mesh = _mesh(name, n, axis_types)
     model = create(CONFIG, strategy=name, mesh=mesh, seed=3)
     params = to_lm_params(model)
@@ -64,7 +64,7 @@ def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
     value = loss(model, tokens())
     np.testing.assert_allclose(value, _lm_loss(_host(params), tokens(), config=CONFIG),
                                rtol=2e-6)
-    if part_viii_loss:
+    if part_ix_loss:
         np.testing.assert_allclose(value, STRATEGIES[name].loss(mesh, CONFIG)(ref, ref_tokens),
                                    rtol=2e-6)
 
@@ -104,7 +104,7 @@ def _reference_step(params, tokens):
 # and 8 devices with both axis types, and the training step with microbatches.
 @pytest.mark.slow
 def test_fsdp_tp_on_explicit_axes_layout_and_loss():
-    check_layout_and_loss("fsdp_tp", 4, "explicit", part_viii_loss=False)
+    check_layout_and_loss("fsdp_tp", 4, "explicit", part_ix_loss=False)
 
 
 SWEEP = [(name, n, kind) for name in RULES for n in (1, 2, 4, 8) for kind in ("auto", "explicit")]
@@ -123,7 +123,7 @@ def test_step_sweep(name, n, axis_types):
 
 
 @pytest.mark.slow
-def test_one_device_model_is_part_viii_model():
+def test_one_device_model_is_part_ix_model():
     model = Model(CONFIG, rngs=nnx.Rngs(0))
     params = to_lm_params(model)
     shapes = jax.tree.map(lambda x: x.shape, params)

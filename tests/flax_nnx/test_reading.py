@@ -30,8 +30,8 @@ def _mesh(name, n, kind="auto"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(RULES))
-def test_same_layout_and_collectives_as_part_viii(name):
-    [row] = reading.compare_with_part_viii(CONFIG, tokens(), {name: _mesh(name, 8)})
+def test_same_layout_and_collectives_as_part_ix(name):
+    [row] = reading.compare_with_part_ix(CONFIG, tokens(), {name: _mesh(name, 8)})
     assert row["same layout"] and row["same collectives"], row
 
 
@@ -100,7 +100,7 @@ def test_exercise_answers():
 
 def test_bad_input():
     with pytest.raises(InputTypeError):
-        reading.compare_with_part_viii(CONFIG, tokens(), [])
+        reading.compare_with_part_ix(CONFIG, tokens(), [])
     with pytest.raises(InputTypeError):
         reading.grad_program("model", tokens())
     with pytest.raises(InputError):

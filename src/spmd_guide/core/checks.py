@@ -53,9 +53,10 @@ def is_traced(value: Any) -> bool:
 
 def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints
-    included; not ``bool``) in ``[minimum, maximum]``."""
+    and concrete 0-d integer NumPy/JAX arrays included; not ``bool``) in ``[minimum, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
+        if isinstance(value, (np.ndarray, jax.Array)) and not is_traced(value) and \
+                value.ndim == 0 and _kind(value.dtype) in "iu":
             value = value.item()
         else:
             raise InputTypeError(

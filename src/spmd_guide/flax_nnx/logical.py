@@ -212,7 +212,7 @@ def param_specs(model_or_state: Any, rules: Rules, mesh: Mesh) -> Any:
     state whose variables carry the parameters' names), by :func:`mesh_spec`. Leaves without
     logical names (the step count) are replicated. A rule for a logical name that neither
     the state nor the activations use is refused: it is a typo, and would lay out nothing."""
-    mesh = checks.mesh("mesh", mesh)
+    mesh = _check_mesh(mesh)
     rules = check_rules(rules, mesh)
     state = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) \
         else model_or_state

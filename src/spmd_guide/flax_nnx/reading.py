@@ -19,7 +19,7 @@ from spmd_guide.core import checks, hlo, hlo_text
 from spmd_guide.flax_nnx import logical
 from spmd_guide.transformer.transformer import STRATEGIES
 
-__all__ = ["bytes_per_device", "compare_with_part_viii", "deferred_reduction", "grad_program",
+__all__ = ["bytes_per_device", "compare_with_part_ix", "deferred_reduction", "grad_program",
            "init_memory", "loop_counts", "step_program"]
 
 
@@ -53,7 +53,7 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
                                        logical._place_tokens(model, tokens)).compile()
 
 
-def _part_viii_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
+def _part_ix_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
     """Part IX's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
     strategy = STRATEGIES[name]
     shardings = strategy.shardings(params, mesh)
@@ -69,7 +69,7 @@ def _counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
 
 
-def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
+def compare_with_part_ix(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
     """One row per strategy: whether every parameter of the model :func:`logical.create`
     builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
     out as Part IX's strategy lays it out, and the collectives of both compiled
@@ -82,7 +82,7 @@ def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> 
     for name, mesh in meshes.items():
         model = logical.abstract_model(config, strategy=name, mesh=mesh)
         params = logical.to_lm_params(model)
-        theirs, placed = _part_viii_program(name, mesh, config, params, tokens)
+        theirs, placed = _part_ix_program(name, mesh, config, params, tokens)
         same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape)) for a, b in zip(
             jax.tree.leaves(params), jax.tree.leaves(placed), strict=True))
         ours = hlo.count_kinds(hlo.collectives_in_text(grad_program(model, tokens).as_text()))
@@ -165,8 +165,14 @@ def bytes_per_device(tree: Any) -> int:
     array's shard shape."""
     if isinstance(tree, nnx.Module):
         tree = nnx.state(tree)
+    checks.array_tree("tree", tree)
     leaves = jax.tree.leaves(tree)
-    checks.array_tree("tree", leaves)
+    for x in leaves:
+        if not isinstance(x, jax.Array) and not (isinstance(x, jax.ShapeDtypeStruct)
+                                                 and x.sharding is not None):
+            raise checks.InputTypeError(
+                f"tree must hold jax.Arrays (or ShapeDtypeStructs with a sharding), whose "
+                f"shardings say what a device holds; got a leaf {checks.value_text(x)}.")
     return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
                for x in leaves)
 
