@@ -143,7 +143,7 @@ def test_mesh_spec_valid_forms_give_the_answer():
     assert mesh_spec((), (), RULES["fsdp"], mesh) == P()
     assert mesh_spec(("embed",), (0,), RULES["fsdp"], mesh) == P("data")  # 0 splits evenly
     for bad, word in ((("data", "data"), "twice"), ((3,), "target"), (("nope",), "nope")):
-        refused(lambda: mesh_spec(("embed",), (8,), (("embed", bad),), mesh), word)
+        refused(lambda bad=bad: mesh_spec(("embed",), (8,), (("embed", bad),), mesh), word)
     refused(lambda: mesh_spec("embed", (8,), RULES["fsdp"], mesh), "names")
     refused(lambda: mesh_spec(("embed",), (8,), RULES["fsdp"], "data"), "mesh")
     refused(lambda: mesh_spec(("embed",), (8,), RULES["fsdp"], mesh, skip_indivisible=1),
@@ -159,12 +159,12 @@ def test_meshes():
                           axis_types=(AxisType.Auto, AxisType.Explicit))
     for mesh, words in ((dp, ("'model'", "('data',)")), (mixed, ("Auto or all Explicit",)),
                         ("data", ("mesh",)), (None, ("mesh",)), (DEVICES[:2], ("mesh",))):
-        for call in (lambda: logical.create(CONFIG, strategy="tp", mesh=mesh),
-                     lambda: logical.abstract_model(CONFIG, strategy="tp", mesh=mesh),
-                     lambda: reading.init_memory(CONFIG, strategy="tp", mesh=mesh),
-                     lambda: saving.restore(pathlib.Path("/nonexistent"), CONFIG, strategy="tp",
+        for call in (lambda mesh=mesh: logical.create(CONFIG, strategy="tp", mesh=mesh),
+                     lambda mesh=mesh: logical.abstract_model(CONFIG, strategy="tp", mesh=mesh),
+                     lambda mesh=mesh: reading.init_memory(CONFIG, strategy="tp", mesh=mesh),
+                     lambda mesh=mesh: saving.restore(pathlib.Path("/nonexistent"), CONFIG, strategy="tp",
                                             mesh=mesh),
-                     lambda: logical.param_specs(one_device_model(), RULES["tp"], mesh)):
+                     lambda mesh=mesh: logical.param_specs(one_device_model(), RULES["tp"], mesh)):
             refused(call, *words)
     refused(lambda: reading.deferred_reduction(dp, deferred=True), "Explicit")
     refused(lambda: reading.deferred_reduction(tp, deferred=True), "'data'")
@@ -177,7 +177,8 @@ def test_param_specs_refuses_typos_and_nameless_trees():
     error = refused(lambda: logical.param_specs(model, (("embd", "data"),), mesh), "'embd'")
     assert "'embed'" in str(error)  # the known names, to pick the right one
     for plain in (logical.to_lm_params(model), nnx.to_pure_dict(nnx.state(model)), {}, None):
-        refused(lambda: logical.param_specs(plain, RULES["fsdp"], mesh), "model_or_state")
+        refused(lambda plain=plain: logical.param_specs(plain, RULES["fsdp"], mesh),
+                "model_or_state")
     specs = logical.param_specs(model, RULES["fsdp"], mesh)
     assert specs["blocks"][0]["wq"] == P("data", None, None)
 
@@ -187,10 +188,10 @@ def test_abstract_models_and_bad_models():
     refused(lambda: logical.make_optimizer(abstract), "abstract")
     refused(lambda: logical.loss(abstract, tokens()), "abstract")
     for bad in (None, {}, logical.to_lm_params(one_device_model()), "model"):
-        refused(lambda: logical.make_optimizer(bad), "model")
-        refused(lambda: logical.loss(bad, tokens()), "model")
+        refused(lambda bad=bad: logical.make_optimizer(bad), "model")
+        refused(lambda bad=bad: logical.loss(bad, tokens()), "model")
     for bad in (None, {}, "model", [None]):
-        refused(lambda: reading.bytes_per_device(bad), "tree")
+        refused(lambda bad=bad: reading.bytes_per_device(bad), "tree")
     refused(lambda: reading.bytes_per_device([np.ones(3)]), "jax.Array")
 
 
