@@ -19,8 +19,8 @@ from spmd_guide.core import checks, hlo, hlo_text
 from spmd_guide.flax_nnx import logical
 from spmd_guide.transformer.transformer import STRATEGIES
 
-__all__ = ["bytes_per_device", "compare_with_part_ix", "deferred_reduction", "grad_program",
-           "init_memory", "loop_counts", "step_program"]
+__all__ = ["bytes_per_device", "collective_dtypes", "compare_with_part_ix", "deferred_reduction",
+           "grad_program", "gradient", "init_memory", "loop_counts", "partitioned_text", "step_program"]
 
 
 def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> Any:
@@ -34,15 +34,31 @@ def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) ->
                        compiler_options=hlo.FAST_COMPILE)
 
 
+def gradient(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> tuple[Any, Any]:
+    """``train_step``'s mean loss and gradient on ``tokens`` (no update), the gradient in Part
+    IX's pytree (:func:`logical.to_lm_params`'s structure)."""
+    model = logical.check_concrete(logical.check_model(model))
+    program = grad_program(model, tokens, microbatches=microbatches)
+    graphdef, state = nnx.split(model)
+    value, grads = program(state, logical._place_tokens(model, tokens))
+    return value, logical.to_lm_params(nnx.merge(graphdef, grads))
+
+
 def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
-                 learning_rate: float = 1e-3) -> Any:
+                 learning_rate: float = 1e-3, dump_to: Any = None) -> Any:
     """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
     ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
-    too, each leaf with its parameter's sharding, and nothing is allocated."""
+    too, each leaf with its parameter's sharding, and nothing is allocated. With ``dump_to``
+    (a directory), XLA writes the program as it leaves the SPMD partitioner there
+    (:func:`partitioned_text` reads it)."""
     model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tokens = logical._check_tokens(model, tokens, microbatches)
+    options = {}
+    if dump_to is not None:
+        folder = checks.path("dump_to", dump_to, what="a path to a directory")
+        options = {"xla_dump_to": str(folder), "xla_dump_hlo_pass_re": "spmd-partitioning"}
     tx = logical._adamw(learning_rate)
     optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model)
     if model.mesh is not None:
@@ -50,7 +66,30 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
     return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
-                                       logical._place_tokens(model, tokens)).compile()
+                                       logical._place_tokens(model, tokens)).compile(options)
+
+
+def partitioned_text(folder: Any) -> str:
+    """The HLO text of the program right after the SPMD partitioner, from the newest dump
+    that :func:`step_program` wrote into ``folder`` (``dump_to``)."""
+    root = checks.path("folder", folder, what="a path to a directory")
+    found = sorted(root.glob("*after_spmd-partitioning*.txt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise checks.InputError(
+            f"folder {str(root)!r} holds no dump of the SPMD partitioner's output; compile "
+            f"with step_program(..., dump_to=folder) first.")
+    return found[-1].read_text()
+
+
+def collective_dtypes(program: Any) -> dict[str, int]:
+    """Bytes one device sends per collective kind and element type (``"all-gather bf16"``)
+    in a compiled program or its HLO text."""
+    sent: dict[str, int] = {}
+    for op in hlo.collectives_in_text(hlo_text.program_text(program)):
+        dtype = op.dtype if isinstance(op.dtype, str) else "+".join(sorted(set(op.dtype)))
+        key = f"{op.kind} {dtype}"
+        sent[key] = sent.get(key, 0) + op.bytes_sent
+    return dict(sorted(sent.items()))
 
 
 def _part_ix_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
