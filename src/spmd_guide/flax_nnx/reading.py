@@ -111,8 +111,9 @@ def _counts_text(counts: dict[str, int]) -> str:
 def compare_with_part_ix(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
     """One row per strategy: whether every parameter of the model :func:`logical.create`
     builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
-    out as Part IX's strategy lays it out, and the collectives of both compiled
-    loss-and-gradient programs. ``meshes`` maps strategy names to meshes."""
+    out as Part IX's strategy lays it out, the collectives of both compiled
+    loss-and-gradient programs, and whether they are the same ops (kinds, buffers and bytes
+    sent). ``meshes`` maps strategy names to meshes."""
     if not isinstance(meshes, dict) or not meshes:
         raise checks.InputTypeError(
             f"meshes must be a dict from strategy names to meshes, got "
@@ -124,12 +125,17 @@ def compare_with_part_ix(config: Any, tokens: Any, meshes: dict[str, Any]) -> li
         theirs, placed = _part_ix_program(name, mesh, config, params, tokens)
         same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape)) for a, b in zip(
             jax.tree.leaves(params), jax.tree.leaves(placed), strict=True))
-        ours = hlo.count_kinds(hlo.collectives_in_text(grad_program(model, tokens).as_text()))
-        part8 = hlo.count_kinds(hlo.collectives_in_text(theirs.as_text()))
+        our_ops = hlo.collectives_in_text(grad_program(model, tokens).as_text())
+        their_ops = hlo.collectives_in_text(theirs.as_text())
+        ours, part8 = hlo.count_kinds(our_ops), hlo.count_kinds(their_ops)
+
+        def sent(ops):  # every op's kind, buffers and bytes, in a canonical order
+            return sorted((o.kind, o.shape_text, o.bytes_sent) for o in ops)
         rows.append({"strategy": name, "mesh": " x ".join(f"{k}={v}" for k, v in
                                                           mesh.shape.items()),
                      "same layout": same, "NNX + table": _counts_text(ours),
-                     "Part IX": _counts_text(part8), "same collectives": ours == part8})
+                     "Part IX": _counts_text(part8),
+                     "same collectives": sent(our_ops) == sent(their_ops)})
     return rows
 
 
