@@ -23,6 +23,9 @@ def _check(tmp_path, source, target):
     model = logical.create(CONFIG, strategy=name, mesh=STRATEGIES[name].mesh(
         DEVICES[:n], axis_types=kind), seed=5)
     saving.save(tmp_path / "ck", model, step=7)
+    # The checkpoint records the layout it was saved in (not the logical names).
+    saved = checkpoint.saved_layout(tmp_path / "ck")["blocks"]["0"]["wq"]
+    assert saved.sharding.is_equivalent_to(model.blocks[0].wq.get_value().sharding, 3)
     mesh = STRATEGIES[name2].mesh(DEVICES[:n2], axis_types=kind2)
     restored = saving.restore(tmp_path / "ck", CONFIG, strategy=name2, mesh=mesh)
     want = logical.create(CONFIG, strategy=name2, mesh=mesh, seed=5)
