@@ -95,3 +95,27 @@ def test_a_part_ix_checkpoint_restores_and_a_mismatch_names_the_argument(tmp_pat
         assert all(w in str(info.value) for w in words), str(info.value)
         assert "like" not in str(info.value) and "damaged" not in str(info.value)
     assert sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.slow
+def test_an_eval_shape_target_has_no_layout(tmp_path):
+    """What the page shows: nnx.eval_shape's values carry no sharding; Orbax then restores in
+    the saved layout (not the table wanted), checkpoint.restore refuses such a target, and
+    abstract_model's values carry the table's shardings."""
+    import orbax.checkpoint as ocp
+    from flax import nnx
+
+    model = logical.create(CONFIG, strategy="fsdp", mesh=STRATEGIES["fsdp"].mesh(DEVICES))
+    saving.save(tmp_path, model, step=1)
+    bare = nnx.eval_shape(lambda: logical.Model(CONFIG, rngs=nnx.Rngs(0)))
+    assert all(x.sharding is None for x in jax.tree.leaves(nnx.state(bare)))
+    like = nnx.to_pure_dict(nnx.state(bare))
+    with ocp.StandardCheckpointer() as orbax:
+        back = orbax.restore(tmp_path / "1" / "default", like)
+    assert back["blocks"][0]["wq"].sharding.is_equivalent_to(
+        model.blocks[0].wq.get_value().sharding, 3)
+    with pytest.raises(InputError, match="with a sharding"):
+        checkpoint.restore(tmp_path, like=like)
+    mesh = STRATEGIES["tp"].mesh(DEVICES[:4])
+    target = logical.abstract_model(CONFIG, strategy="tp", mesh=mesh)
+    assert target.blocks[0].wq.get_value().sharding.spec == jax.P(None, "model", None)
