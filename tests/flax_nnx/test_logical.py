@@ -253,3 +253,40 @@ def test_a_step_frees_no_array_another_object_holds():
     for a, b in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(to_lm_params(twin)),
                     strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same start, same step
+
+
+def check_zero1_step(n, axis_types):
+    """ZeRO-1: a 'dp' model whose AdamW moments are laid out by the 'fsdp' table. One step
+    equals Part IX's one-device AdamW step; the parameters stay whole on every device, the
+    moments stay split over data, as the fsdp table lays them out."""
+    mesh = _mesh("dp", n, axis_types)
+    model = create(CONFIG, strategy="dp", mesh=mesh)
+    before = _host(to_lm_params(model))
+    optimizer = make_optimizer(model, learning_rate=1e-2, state_strategy="fsdp")
+    value = train_step(model, optimizer, tokens(), microbatches=2)
+    ref_loss, want = _reference_step(before, tokens())
+    np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+    for got, w in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+        assert got.sharding.is_fully_replicated
+    split = logical.abstract_model(CONFIG, strategy="fsdp", mesh=mesh)
+    mu = nnx.state(optimizer)["opt_state"][0]["mu"]
+    for m, s in zip(jax.tree.leaves(mu), jax.tree.leaves(nnx.state(split)), strict=True):
+        assert m.sharding.is_equivalent_to(s.sharding, m.ndim)
+    assert n == 1 or not all(m.sharding.is_fully_replicated for m in jax.tree.leaves(mu))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "axis_types"), [(n, k) for n in (1, 2, 4, 8)
+                                               for k in ("auto", "explicit")])
+def test_zero1_step_sweep(n, axis_types):
+    check_zero1_step(n, axis_types)
+
+
+def test_zero1_needs_a_mesh_and_a_table_for_it():
+    with pytest.raises(InputError, match="state_strategy"):
+        make_optimizer(Model(CONFIG, rngs=nnx.Rngs(0)), state_strategy="fsdp")
+    model = create(CONFIG, strategy="dp", mesh=_mesh("dp", 2, "auto"))
+    for bad, word in (("zero1", "unknown strategy"), ("tp", "'model'"), (3, "strategy")):
+        with pytest.raises(InputError, match=word):
+            make_optimizer(model, state_strategy=bad)

@@ -160,3 +160,20 @@ def test_accumulated_gradient_equals_the_whole_batch_gradient():
     with pytest.raises(InputError, match="abstract"):
         reading.gradient(logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", 2)),
                          tokens())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "kind"), [(2, "auto"), (4, "explicit"), (8, "auto")])
+def test_zero1_splits_the_state_and_adds_the_parameter_gathers(n, kind):
+    """What the page measures on XLA:CPU: ZeRO-1 holds 1/n of AdamW's moments per device and
+    the same parameters; its step keeps the gradient all-reduce and adds all-gathers of the
+    updated parameters, (n - 1)/n of their bytes."""
+    model = logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", n, kind))
+    plain = reading.optimizer_costs(model, tokens())
+    zero1 = reading.optimizer_costs(model, tokens(), state_strategy="fsdp")
+    assert zero1["parameters"] == plain["parameters"]
+    count = 8  # nnx.Optimizer's step and optax's count, two replicated 4-byte scalars
+    assert (zero1["optimizer state"] - count) * n == plain["optimizer state"] - count
+    assert plain["collectives"]["all-gather"] == 0
+    assert zero1["collectives"]["all-reduce"] == plain["collectives"]["all-reduce"]
+    assert zero1["sent"] - plain["sent"] == plain["parameters"] * (n - 1) // n

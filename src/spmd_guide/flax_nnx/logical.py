@@ -325,24 +325,38 @@ def _place_tokens(model: Model, tokens: Any) -> jax.Array:
     return jax.device_put(tokens, NamedSharding(model.mesh, spec))
 
 
-def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimizer:
+def make_optimizer(model: Model, *, learning_rate: float = 1e-3,
+                   state_strategy: str | None = None) -> nnx.Optimizer:
     """``nnx.Optimizer`` with optax AdamW over the model's ``nnx.Param``s, its moments made
-    under ``jax.jit`` in the parameters' layouts (ZeRO keeps them split like the weights)."""
+    under ``jax.jit`` in the parameters' layouts (ZeRO-3 keeps them split like the weights).
+
+    ``state_strategy`` lays the moments out by another table, ``RULES[state_strategy]``, on the
+    model's mesh: ``make_optimizer(<a 'dp' model>, state_strategy='fsdp')`` is ZeRO-1 (the
+    moments split over ``data``, the parameters whole). :func:`train_step` keeps both layouts.
+    """
     model = check_concrete(check_model(model))
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tx = _adamw(learning_rate)
     if model.mesh is None:
+        if state_strategy is not None:
+            raise checks.InputError(
+                "state_strategy lays the optimizer state out on the model's mesh, and this "
+                "model has none; build it with create(..., mesh=...).")
         return _owned(nnx.Optimizer(model, tx, wrt=nnx.Param), model)
+    rules = model.rules if state_strategy is None else check_rules(rules_of(state_strategy),
+                                                                   model.mesh)
     graphdef, state = nnx.split(model)
-    key = (graphdef, tx)
-    if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph and learning rate
+    key = (graphdef, tx, rules)
+    if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph, learning rate, table
 
         def make(state):
-            return nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
+            optimizer = nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
+            optimizer.state_rules = rules  # static: train_step keeps the state in it
+            return optimizer
 
         opt_graphdef, abstract = nnx.split(nnx.eval_shape(make, state))
         init = jax.jit(lambda s: nnx.state(make(s)),
-                       out_shardings=_shardings(abstract, model.rules, model.mesh),
+                       out_shardings=_shardings(abstract, rules, model.mesh),
                        compiler_options=hlo.FAST_COMPILE)
         _OPTIMIZER_PROGRAMS[key] = (init, opt_graphdef)
     init, opt_graphdef = _OPTIMIZER_PROGRAMS[key]
@@ -405,15 +419,18 @@ def grads_fn(graphdef: Any, microbatches: int, *, mesh: Mesh | None = None,
     return f
 
 
-def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int) -> Any:
+def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int,
+           rules: Rules | None = None) -> Any:
     """:func:`grads_fn` on the model's mesh: under ``auto_axes`` on Explicit axes, with the
-    loss replicated and each gradient in its parameter's layout."""
+    loss replicated and each gradient in its parameter's layout, or in the layout ``rules``
+    give it (the optimizer state's, under ZeRO-1: the gradient is then reduce-scattered)."""
     model = nnx.merge(graphdef, state)
     if model.mesh is None:
         return grads_fn(graphdef, microbatches)(state, tokens)
-    f = grads_fn(graphdef, microbatches, mesh=_auto(model.mesh), rules=model.rules)
+    rules = rules or model.rules
+    f = grads_fn(graphdef, microbatches, mesh=_auto(model.mesh), rules=rules)
     if _explicit(model.mesh):
-        out = (NamedSharding(model.mesh, P()), _shardings(state, model.rules, model.mesh))
+        out = (NamedSharding(model.mesh, P()), _shardings(state, rules, model.mesh))
         f = jax.sharding.auto_axes(f, out_sharding=out)
     return f(state, tokens)
 
@@ -424,10 +441,29 @@ def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int) -> A
 def _step_program(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
                   microbatches: int, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
     model = nnx.merge(graphdef, state)
-    optimizer = nnx.merge(opt_graphdef, opt_state)
-    value, grads = _grads(graphdef, state, tokens, microbatches)
+    update = functools.partial(_update, graphdef, opt_graphdef)
+    if model.mesh is None:
+        value, grads = _grads(graphdef, state, tokens, microbatches)
+        return *update(state, opt_state, grads), value
+    # Each state keeps its table's layout: the parameters the model's, the optimizer state
+    # its own. Under ZeRO-1 (another table) the gradients come in the moments' layout
+    # (reduce-scattered), the update runs on those slices, and the new parameters are
+    # gathered back into theirs.
+    rules = getattr(nnx.merge(opt_graphdef, opt_state), "state_rules", None) or model.rules
+    value, grads = _grads(graphdef, state, tokens, microbatches, rules)
+    out = (_shardings(state, model.rules, model.mesh),
+           _shardings(opt_state, rules, model.mesh))
+    if _explicit(model.mesh):
+        return *jax.sharding.auto_axes(update, out_sharding=out)(state, opt_state, grads), value
+    auto = jax.tree.map(lambda s: NamedSharding(_auto(model.mesh), s.spec), out)
+    return *jax.lax.with_sharding_constraint(update(state, opt_state, grads), auto), value
+
+
+def _update(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
+            grads: Any) -> tuple[Any, Any]:
+    model, optimizer = nnx.merge(graphdef, state), nnx.merge(opt_graphdef, opt_state)
     optimizer.update(model, grads)
-    return nnx.state(model), nnx.state(optimizer), value
+    return nnx.state(model), nnx.state(optimizer)
 
 
 def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,

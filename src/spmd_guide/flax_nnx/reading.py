@@ -19,8 +19,8 @@ from spmd_guide.core import checks, hlo, hlo_text
 from spmd_guide.flax_nnx import logical
 from spmd_guide.transformer.transformer import STRATEGIES
 
-__all__ = ["bytes_per_device", "collective_dtypes", "compare_with_part_ix", "deferred_reduction",
-           "grad_program", "gradient", "init_memory", "loop_counts", "partitioned_text", "step_program"]
+__all__ = ["abstract_optimizer", "bytes_per_device", "collective_dtypes", "compare_with_part_ix", "deferred_reduction",
+           "grad_program", "gradient", "init_memory", "loop_counts", "optimizer_costs", "partitioned_text", "step_program"]
 
 
 def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> Any:
@@ -45,28 +45,68 @@ def gradient(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> tup
 
 
 def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
-                 learning_rate: float = 1e-3, dump_to: Any = None) -> Any:
+                 learning_rate: float = 1e-3, state_strategy: str | None = None,
+                 dump_to: Any = None) -> Any:
     """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
     ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
-    too, each leaf with its parameter's sharding, and nothing is allocated. With ``dump_to``
-    (a directory), XLA writes the program as it leaves the SPMD partitioner there
-    (:func:`partitioned_text` reads it)."""
+    too, each leaf with the sharding the model's table (or ``RULES[state_strategy]``, as in
+    ``make_optimizer``) gives it, and nothing is allocated. With ``dump_to`` (a directory),
+    XLA writes the program as it leaves the SPMD partitioner there (:func:`partitioned_text`
+    reads it)."""
     model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
-    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tokens = logical._check_tokens(model, tokens, microbatches)
+    optimizer = abstract_optimizer(model, learning_rate=learning_rate,
+                                   state_strategy=state_strategy)
     options = {}
     if dump_to is not None:
         folder = checks.path("dump_to", dump_to, what="a path to a directory")
         options = {"xla_dump_to": str(folder), "xla_dump_hlo_pass_re": "spmd-partitioning"}
-    tx = logical._adamw(learning_rate)
-    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model)
-    if model.mesh is not None:
-        logical.set_abstract(nnx.state(optimizer), model.rules, model.mesh)
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
     return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
                                        logical._place_tokens(model, tokens)).compile(options)
+
+
+def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
+                       state_strategy: str | None = None) -> Any:
+    """The ``nnx.Optimizer`` :func:`logical.make_optimizer` would make, with
+    ``jax.ShapeDtypeStruct`` values that carry their shardings: nothing is allocated."""
+    model = logical.check_model(model)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
+    if model.mesh is None:
+        if state_strategy is not None:
+            raise checks.InputError("state_strategy needs a model on a mesh (create).")
+        rules = None
+    else:
+        rules = model.rules if state_strategy is None else logical.check_rules(
+            logical.rules_of(state_strategy), model.mesh)
+    tx = logical._adamw(learning_rate)
+
+    def make(m):
+        optimizer = nnx.Optimizer(m, tx, wrt=nnx.Param)
+        if rules is not None:
+            optimizer.state_rules = rules
+        return optimizer
+
+    optimizer = nnx.eval_shape(make, model)
+    if rules is not None:
+        logical.set_abstract(nnx.state(optimizer), rules, model.mesh)
+    return optimizer
+
+
+def optimizer_costs(model: logical.Model, tokens: Any, *,
+                    state_strategy: str | None = None) -> dict[str, Any]:
+    """Per device, for AdamW's state laid out by the model's table or by
+    ``RULES[state_strategy]`` (ZeRO-1: ``'fsdp'`` under a ``'dp'`` model): the bytes of the
+    parameters and of the optimizer state a device holds, and the collectives of the compiled
+    step (counts by kind, bytes sent). Nothing is allocated for an abstract model."""
+    optimizer = abstract_optimizer(model, state_strategy=state_strategy)
+    ops = hlo.collectives_in_text(
+        step_program(model, tokens, state_strategy=state_strategy).as_text())
+    return {"parameters": bytes_per_device(nnx.state(model, nnx.Param)),
+            "optimizer state": bytes_per_device(nnx.state(optimizer)),
+            "collectives": hlo.count_kinds(ops), "sent": sum(o.bytes_sent for o in ops)}
 
 
 def partitioned_text(folder: Any) -> str:
