@@ -100,6 +100,16 @@ def test_integer_arguments(bad, tmp_path):
     assert _snapshot(tmp_path) == before and not (tmp_path / "ck").exists()
 
 
+def test_a_batch_that_does_not_split_says_so_once():
+    """NNX-10: the refusal names the batch, the microbatches and the fix, without repeating
+    itself."""
+    model = one_device_model()
+    error = refused(lambda: logical.train_step(model, logical.make_optimizer(model), tokens(),
+                                               microbatches=3),
+                    "the batch (tokens.shape[0]) is 8", "for microbatches=3", "multiple of 3")
+    assert str(error).count("equal") == 1
+
+
 @pytest.mark.parametrize("bad", BAD_REALS)
 def test_real_arguments(bad):
     model = one_device_model()
