@@ -193,6 +193,46 @@ def test_mismatched_and_wrong_axis():
 
 def test_exercise_answer():
     assert int((attention.causal_work(64, 8, "contiguous")[2] > 0).sum()) == 3
+    assert attention.zigzag_plan(64, 8)[2, 5] == "q late x K/V both"
+    assert attention.ring_schedule(8)[2, 5] == 5
+
+
+@pytest.mark.parametrize(("n", "seq"), [(2, 8), (4, 32), (8, 48)])
+def test_zigzag_steps_match_the_mask(n, seq):
+    """ring_attention.md: the three cases of the zig-zag ring (ring-flash-attention's
+    step 0 / step <= rank / else), checked against the masks on 2, 4 and 8 devices."""
+    rows = attention.zigzag_steps(seq, n)
+    assert len(rows) == n * n
+    work = attention.causal_work(seq, n, "zigzag")
+    half = seq // (2 * n)
+    for r in rows:
+        i, s = r["device"], r["step"]
+        assert r["K/V from"] == (i - s) % n
+        assert r["scores kept"] == work[i, s]
+        assert r["full"] + r["diagonal"] + r["skipped"] == 4
+        if s == 0:
+            assert (r["full"], r["diagonal"], r["skipped"]) == (1, 2, 1)
+            assert r["scores kept"] == 2 * half * (half + 1) // 2 + half * half
+        elif s <= i:
+            assert (r["q halves"], r["K/V halves"], r["full"], r["skipped"]) == (
+                "both", "early", 2, 2)
+            assert r["scores kept"] == 2 * half * half
+        else:
+            assert (r["q halves"], r["K/V halves"], r["full"], r["skipped"]) == (
+                "late", "both", 2, 2)
+    plan = attention.zigzag_plan(seq, n)
+    assert plan.shape == (n, n) and set(plan[:, 0]) == {"causal"}
+    assert sum(r["skipped"] for r in rows) == 2 * n * n - n  # 2n - 1 of 4n per device
+
+
+@pytest.mark.parametrize(("seq", "n", "error"), [
+    (12, 4, ValueError), (0, 2, ValueError), (8, 0, ValueError), (8.0, 2, TypeError),
+    (True, 2, TypeError), (8, np.float32(2), TypeError), (-8, 2, ValueError)])
+def test_zigzag_steps_bad_input(seq, n, error):
+    with pytest.raises(error):
+        attention.zigzag_steps(seq, n)
+    with pytest.raises(error):
+        attention.zigzag_plan(seq, n)
 
 
 def test_ring_figure_has_a_colour_bar_for_the_share_kept():

@@ -232,6 +232,63 @@ def causal_work(seq: int, n: int, layout: str) -> np.ndarray:
     return work
 
 
+HALVES = ("early", "late")
+
+
+def zigzag_steps(seq: int, n: int) -> list[dict[str, Any]]:
+    """What each device computes at each step of the causal zig-zag ring, read off the mask.
+
+    Device ``i`` holds query chunks ``i`` (its *early* half) and ``2n - 1 - i`` (its *late*
+    half); at step ``s`` it holds the K/V block of device ``j = (i - s) mod n``, also an early
+    and a late half. Each (query half, K/V half) pair is a quarter of the step's score block,
+    and the causal mask makes it ``full`` (every score kept), ``diagonal`` (some kept: a
+    kernel must mask it) or ``skipped`` (no score kept: a kernel need not compute it). One row
+    per device and step, with the quarters of each kind, the query and K/V halves that any
+    kept score needs, and the scores kept (per batch row and head; they sum to
+    :func:`causal_work`).
+    """
+    seq, n = checks.count("seq", seq), checks.count("n", n)
+    check_ring(seq, n, "zigzag")
+    half = seq // (2 * n)
+    pos = layout_positions(seq, n, "zigzag").reshape(n, 2, half)  # [device, half, position]
+    rows = []
+    for i in range(n):
+        for s in range(n):
+            j = (i - s) % n
+            kinds: dict[str, list[tuple[str, str]]] = {"full": [], "diagonal": [], "skipped": []}
+            kept = 0
+            for a, qh in enumerate(HALVES):
+                for b, kh in enumerate(HALVES):
+                    mask = pos[i, a][:, None] >= pos[j, b][None, :]
+                    kept += int(mask.sum())
+                    kind = "full" if mask.all() else "skipped" if not mask.any() else "diagonal"
+                    kinds[kind].append((qh, kh))
+            used = kinds["full"] + kinds["diagonal"]
+            rows.append({
+                "device": i, "step": s, "K/V from": j,
+                "q halves": _halves({qh for qh, _ in used}),
+                "K/V halves": _halves({kh for _, kh in used}),
+                "full": len(kinds["full"]), "diagonal": len(kinds["diagonal"]),
+                "skipped": len(kinds["skipped"]), "scores kept": kept})
+    return rows
+
+
+def _halves(found: set[str]) -> str:
+    return "both" if len(found) == 2 else next(iter(found), "none")
+
+
+def zigzag_plan(seq: int, n: int) -> np.ndarray:
+    """``[n devices, n steps]`` of text: what a kernel that skips fully masked quarters
+    computes at each step of the causal zig-zag ring, from :func:`zigzag_steps`: ``causal``
+    (the diagonal step, with a mask), else the query half against the K/V half, no mask."""
+    rows = zigzag_steps(seq, n)
+    plan = np.empty((int(n), int(n)), dtype=object)
+    for row in rows:
+        plan[row["device"], row["step"]] = (
+            "causal" if row["diagonal"] else f"q {row['q halves']} x K/V {row['K/V halves']}")
+    return plan
+
+
 def ring_schedule(n: int) -> np.ndarray:
     """``[n devices, n steps]``: which K/V block each device holds at each step."""
     n = checks.count("n", n)
