@@ -8,6 +8,8 @@
   unpinned, its collectives, and the formula for its bytes (the Part's tables).
 - `memory`: memory per device, by formula and from the compiled step (transformer/memory).
 - `breakdown`: each collective of a compiled program by pass, source line and mesh axis.
+- `gqa`: grouped-query attention under tensor parallelism with fewer KV heads than devices
+  (transformer/tensor_parallelism).
 - `pricing`: the strategies compiled at GPT-2-medium widths for Part V's
   rooflines/transformer page.
 
