@@ -136,6 +136,8 @@ def test_kv_heads_the_model_axis_cannot_split_are_refused_by_name():
      ValueError, "device count"),
     (lambda p, x, c, m: gqa.plan(6, n_heads=8, n_kv_heads=4, layout="split_batch"),
      ValueError, "split_batch"),
+    (lambda p, x, c, m: gqa.plan(3, n_heads=12, n_kv_heads=4, layout="replicate_kv"),
+     ValueError, "n_kv_heads"),
     (lambda p, x, c, m: gqa.plan(8, n_heads=8, n_kv_heads=2, layout="tp"), ValueError, "layout"),
     (lambda p, x, c, m: gqa.plan(np.float32(8), n_heads=8, n_kv_heads=2, layout="split_batch"),
      TypeError, "n_devices"),

@@ -280,12 +280,13 @@ def _halves(found: set[str]) -> str:
 def zigzag_plan(seq: int, n: int) -> np.ndarray:
     """``[n devices, n steps]`` of text: what a kernel that skips fully masked quarters
     computes at each step of the causal zig-zag ring, from :func:`zigzag_steps`: ``causal``
-    (the diagonal step, with a mask), else the query half against the K/V half, no mask."""
+    (the diagonal step, with a mask), else the halves of q and of K/V it computes, no mask
+    (``"q late\nK/V both"``: two lines, so that a table of them fits a phone)."""
     rows = zigzag_steps(seq, n)
     plan = np.empty((int(n), int(n)), dtype=object)
     for row in rows:
         plan[row["device"], row["step"]] = (
-            "causal" if row["diagonal"] else f"q {row['q halves']} x K/V {row['K/V halves']}")
+            "causal" if row["diagonal"] else f"q {row['q halves']}\nK/V {row['K/V halves']}")
     return plan
 
 

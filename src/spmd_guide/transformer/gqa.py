@@ -157,6 +157,8 @@ def plan(n_devices: int, *, n_heads: int, n_kv_heads: int, layout: str) -> dict[
         if n > kv:
             checks.divisible("the device count", n, kv,
                              why="into copies of the n_kv_heads KV heads")
+        else:
+            checks.divisible("n_kv_heads", kv, n, why=f"over the {n} devices of the model axis")
         return {"mesh_shape": (1, n), "kv_copies": max(1, n // kv)}
     model = math.gcd(n, kv)
     if model < min(n, kv):
