@@ -15,9 +15,11 @@ gradients of the replicated expert weights are summed over ``data``, as in data 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -85,3 +87,38 @@ def _program(mesh: Mesh, data_axis: str, expert_axis: str, *, top_k: int, cap: i
                         for a, spec in zip(args, in_specs, strict=True)))
 
     return jax.jit(layer)
+
+
+def init_moe_stack(key: Any, *, n_layers: int, d_model: int, d_ff: int,
+                   n_experts: int) -> list[moe.Params]:
+    """``n_layers`` MoE layers (:func:`~spmd_guide.pipeline.moe.init_moe` each)."""
+    key = checks.key("key", key)
+    n_layers = checks.count("n_layers", n_layers)
+    return [moe.init_moe(k, d_model=d_model, d_ff=d_ff, n_experts=n_experts)
+            for k in jax.random.split(key, n_layers)]
+
+
+def moe_stack(layers: Sequence[moe.Params], x: jax.Array, mesh: Mesh | None = None, *,
+              top_k: int, capacity_factor: float, data_axis: str = "data",
+              expert_axis: str = "expert") -> tuple[jax.Array, jax.Array]:
+    """A stack of MoE layers with residual connections, ``x = x + layer(x)`` for each, and
+    the mean of their load-balancing losses. With ``mesh=None`` every layer is
+    :func:`~spmd_guide.pipeline.moe.reference_moe` (one device); with a mesh, every layer is
+    :func:`moe_layer_2d` over ``data_axis`` x ``expert_axis``, equal to the former."""
+    if isinstance(layers, dict) or not isinstance(layers, Sequence) or not layers:
+        raise checks.InputTypeError(
+            f"layers must be a non-empty list of MoE layers (init_moe_stack returns one), got "
+            f"{checks.value_text(layers)}.")
+    if mesh is None:
+        layer = functools.partial(moe.reference_moe, top_k=top_k,
+                                  capacity_factor=capacity_factor)
+    else:
+        layer = functools.partial(moe_layer_2d, mesh=mesh, data_axis=data_axis,
+                                  expert_axis=expert_axis, top_k=top_k,
+                                  capacity_factor=capacity_factor)
+    aux = []
+    for params in layers:
+        y, stats = layer(params, x)
+        x = x + y
+        aux.append(stats["aux_loss"])
+    return x, jnp.mean(jnp.stack(aux))
