@@ -46,8 +46,9 @@ def test_replicated_kv_heads_are_the_same_model():
 
 
 @pytest.mark.parametrize(("n", "explicit"), [
-    (8, False), (8, True), (4, False), pytest.param(4, True, marks=pytest.mark.slow),
-    (2, True), pytest.param(2, False, marks=pytest.mark.slow)])
+    (8, False), pytest.param(8, True, marks=pytest.mark.slow), (4, True),
+    pytest.param(4, False, marks=pytest.mark.slow), (2, False),
+    pytest.param(2, True, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("layout", gqa.LAYOUTS)
 def test_sharded_decode_equals_reference(n, layout, explicit):
     params, x, ref = _data()
@@ -153,6 +154,10 @@ def test_kv_heads_the_model_axis_cannot_split_are_refused_by_name():
      "wv"),
     (lambda p, x, c, m: gqa.decode_step({"wq": p["wq"]}, x[:, 0], c, 0), TypeError, "params"),
     (lambda p, x, c, m: gqa.init_cache(p, batch=0, max_len=4), ValueError, "batch"),
+    (lambda p, x, c, m: gqa.make_mesh(8, n_heads=8, n_kv_heads=2, layout="split_batch"),
+     TypeError, "devices"),
+    (lambda p, x, c, m: gqa.make_mesh(["cpu"] * 8, n_heads=8, n_kv_heads=2,
+                                      layout="split_batch"), TypeError, "devices"),
     (lambda p, x, c, m: gqa.init_cache(p, batch=8, max_len=np.float64(4)), TypeError,
      "max_len"),
     (lambda p, x, c, m: gqa.sharded_decode_step(p, x[:, 0], c, 0, "mesh"), TypeError, "mesh"),

@@ -130,7 +130,9 @@ def _check_step(params, x, cache, pos) -> tuple[Any, ...]:
 def decode_step(params: dict[str, jax.Array], x: jax.Array, cache: dict[str, Any],
                 pos: Any) -> tuple[jax.Array, dict[str, Any]]:
     """One decode step on one device: ``x [batch, d_model]`` is the new token's input at
-    position ``pos``; returns the attention output ``[batch, d_model]`` and the new cache."""
+    position ``pos``; returns the attention output ``[batch, d_model]`` and the new cache.
+    A concrete ``pos`` past the cache is refused; a traced one cannot be checked (the write
+    would be clamped to the last slot), so the caller keeps it below ``max_len``."""
     params, x, cache, pos = _check_step(params, x, cache, pos)
     y, k, v = _step(*(params[w] for w in ("wq", "wk", "wv", "wo")), x, cache["k"],
                     cache["v"], pos, axis=None)
@@ -173,7 +175,14 @@ def make_mesh(devices: Any, *, n_heads: int, n_kv_heads: int, layout: str,
               explicit: bool = False) -> tuple[Mesh, int]:
     """The ``(batch, model)`` mesh of :func:`plan` over ``devices`` (Auto axes, or Explicit
     ones if ``explicit``), and the copies of each KV head it needs."""
+    if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__"):
+        raise checks.InputTypeError(
+            f"devices must be a list of jax.Device such as jax.devices(), got "
+            f"{checks.value_text(devices)}.")
     devices = list(devices)
+    if not all(isinstance(d, jax.Device) for d in devices):
+        raise checks.InputTypeError("devices must be a list of jax.Device such as "
+                                    "jax.devices().")
     p = plan(len(devices), n_heads=n_heads, n_kv_heads=n_kv_heads, layout=layout)
     kind = AxisType.Explicit if checks.flag("explicit", explicit) else AxisType.Auto
     mesh = jax.make_mesh(p["mesh_shape"], AXES, axis_types=(kind, kind), devices=devices)
