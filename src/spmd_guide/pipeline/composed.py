@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, hlo
 from spmd_guide.pipeline import moe
 
 
@@ -65,15 +65,19 @@ def moe_layer_2d(params: moe.Params, x: jax.Array, mesh: Mesh, *, data_axis: str
     cap = moe.capacity(tokens, top_k=top_k, n_experts=n_experts,
                        capacity_factor=capacity_factor)
     slots = min(cap, tokens // (d * e))  # one device may fill an expert's whole capacity
+    args = (params["router"], params["w_in"], params["w_out"], x)
+    fast = not any(checks.is_traced(a) for a in args)  # compile options: top-level jit only
     layer = _program(mesh, data_axis, expert_axis, top_k=top_k, cap=cap, slots=slots,
-                     tokens=tokens)
-    return layer(params["router"], params["w_in"], params["w_out"], x)
+                     tokens=tokens, fast=fast)
+    return layer(*args)
 
 
 @functools.cache
 def _program(mesh: Mesh, data_axis: str, expert_axis: str, *, top_k: int, cap: int,
-             slots: int, tokens: int) -> Any:
-    """The jitted ``shard_map`` of moe's per-device layer, built once per configuration."""
+             slots: int, tokens: int, fast: bool) -> Any:
+    """The jitted ``shard_map`` of moe's per-device layer, built once per configuration;
+    ``fast``: compiled without LLVM's code optimization (for a call on concrete arrays,
+    where compile time is what counts; a jit with compiler options cannot be nested)."""
     both = (data_axis, expert_axis)
     body = functools.partial(moe._local_layer, axis_name=expert_axis, token_axes=both,
                              top_k=top_k, cap=cap, slots=slots, tokens=tokens)
@@ -86,7 +90,7 @@ def _program(mesh: Mesh, data_axis: str, expert_axis: str, *, top_k: int, cap: i
         return mapped(*(jax.device_put(a, NamedSharding(mesh, spec))
                         for a, spec in zip(args, in_specs, strict=True)))
 
-    return jax.jit(layer)
+    return jax.jit(layer, compiler_options=hlo.FAST_COMPILE if fast else None)
 
 
 def init_moe_stack(key: Any, *, n_layers: int, d_model: int, d_ff: int,

@@ -50,11 +50,20 @@ def init_gqa(key: Any, *, d_model: int, n_heads: int, n_kv_heads: int) -> dict[s
                 (("d_model", d_model), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)))
     checks.divisible("d_model", d, h, why="into n_heads heads")
     checks.divisible("n_heads", h, kv, why="into n_kv_heads groups of query heads")
+    return (_init if checks.is_traced(key) else _init_fast)(key, d, h, kv)
+
+
+def _init(key: jax.Array, d: int, h: int, kv: int) -> dict[str, jax.Array]:
     hd = d // h
     shapes = {"wq": (d, h, hd), "wk": (d, kv, hd), "wv": (d, kv, hd), "wo": (h, hd, d)}
     keys = jax.random.split(key, len(shapes))
     return {name: jax.random.normal(k, shape) / math.sqrt(d if name != "wo" else h * hd)
             for k, (name, shape) in zip(keys, shapes.items(), strict=True)}
+
+
+#: Called with a concrete key, the draws run as one program compiled without LLVM's code
+#: optimization (a jit with compiler options cannot be nested in another jit).
+_init_fast = jax.jit(_init, static_argnums=(1, 2, 3), compiler_options=hlo.FAST_COMPILE)
 
 
 def sizes(params: Any) -> tuple[int, int, int, int]:
@@ -134,9 +143,20 @@ def decode_step(params: dict[str, jax.Array], x: jax.Array, cache: dict[str, Any
     A concrete ``pos`` past the cache is refused; a traced one cannot be checked (the write
     would be clamped to the last slot), so the caller keeps it below ``max_len``."""
     params, x, cache, pos = _check_step(params, x, cache, pos)
+    step = _one_device if checks.is_traced(pos) or any(
+        checks.is_traced(a) for a in jax.tree.leaves((params, x, cache))) else _one_device_jit
+    return step(params, x, cache, jnp.asarray(pos, jnp.int32))
+
+
+def _one_device(params, x, cache, pos):
     y, k, v = _step(*(params[w] for w in ("wq", "wk", "wv", "wo")), x, cache["k"],
                     cache["v"], pos, axis=None)
     return y, {"k": k, "v": v}
+
+
+#: Called on concrete arrays, the step runs as one program compiled without LLVM's code
+#: optimization (run op by op, each operation would compile a program of its own).
+_one_device_jit = jax.jit(_one_device, compiler_options=hlo.FAST_COMPILE)
 
 
 def replicate_kv_heads(params: dict[str, jax.Array], copies: int) -> dict[str, jax.Array]:
@@ -240,7 +260,7 @@ def sharded_decode_step(params: dict[str, jax.Array], x: jax.Array, cache: dict[
 
 @functools.lru_cache(maxsize=32)
 def _program(mesh: Mesh):
-    return jax.jit(functools.partial(_sharded, mesh=mesh))
+    return jax.jit(functools.partial(_sharded, mesh=mesh), compiler_options=hlo.FAST_COMPILE)
 
 
 def _sharded(params, x, cache, pos, mesh):
