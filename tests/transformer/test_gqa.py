@@ -82,7 +82,8 @@ def test_plan():
     assert gqa.plan(2, n_heads=8, n_kv_heads=4, layout="split_batch")["mesh_shape"] == (1, 2)
 
 
-def test_costs_from_the_compiled_program():
+@pytest.mark.parametrize("explicit", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_costs_from_the_compiled_program(explicit):
     """tensor_parallelism.md: on 8 devices with 2 KV heads, replicating stores each cache
     slice 4 times (the same cache bytes per device as one KV head for the whole batch),
     splitting the batch stores a quarter of that and all-reduces a quarter of the batch over
@@ -90,7 +91,8 @@ def test_costs_from_the_compiled_program():
     params, _, _ = _data()
     rows = {}
     for layout in gqa.LAYOUTS:
-        mesh, copies = gqa.make_mesh(DEVICES, n_heads=8, n_kv_heads=2, layout=layout)
+        mesh, copies = gqa.make_mesh(DEVICES, n_heads=8, n_kv_heads=2, layout=layout,
+                                     explicit=explicit)
         rows[layout] = gqa.costs(gqa.replicate_kv_heads(params, copies), batch=16,
                                  max_len=32, mesh=mesh)
     rep, split = rows["replicate_kv"], rows["split_batch"]
