@@ -11,6 +11,8 @@ With a causal mask the work is uneven: in the contiguous layout device 0 needs o
 block while the last device needs all of them. The *zig-zag* layout cuts the sequence into
 ``2n`` chunks and gives device ``i`` chunks ``i`` and ``2n - 1 - i``, so every device holds one
 early and one late chunk and does the same useful work (``causal_work`` counts it).
+``zigzag_steps`` reads off the mask which halves each step needs, and
+``zigzag_skipping_local`` computes only those.
 """
 
 from __future__ import annotations
