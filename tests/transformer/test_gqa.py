@@ -47,8 +47,8 @@ def test_replicated_kv_heads_are_the_same_model():
 
 @pytest.mark.parametrize(("n", "explicit"), [
     (8, False), pytest.param(8, True, marks=pytest.mark.slow), (4, True),
-    pytest.param(4, False, marks=pytest.mark.slow), (2, False),
-    pytest.param(2, True, marks=pytest.mark.slow)])
+    pytest.param(4, False, marks=pytest.mark.slow),
+    *(pytest.param(2, e, marks=pytest.mark.slow) for e in (False, True))])
 @pytest.mark.parametrize("layout", gqa.LAYOUTS)
 def test_sharded_decode_equals_reference(n, layout, explicit):
     params, x, ref = _data()
