@@ -193,6 +193,88 @@ def test_mismatched_and_wrong_axis():
 
 def test_exercise_answer():
     assert int((attention.causal_work(64, 8, "contiguous")[2] > 0).sum()) == 3
+    assert attention.zigzag_plan(64, 8)[2, 5] == "q late\nK/V both"
+    assert attention.ring_schedule(8)[2, 5] == 5
+
+
+@pytest.mark.parametrize(("n", "seq"), [(2, 8), (4, 32), (8, 48)])
+def test_zigzag_steps_match_the_mask(n, seq):
+    """ring_attention.md: the three cases of the zig-zag ring (ring-flash-attention's
+    step 0 / step <= rank / else), checked against the masks on 2, 4 and 8 devices."""
+    rows = attention.zigzag_steps(seq, n)
+    assert len(rows) == n * n
+    work = attention.causal_work(seq, n, "zigzag")
+    half = seq // (2 * n)
+    for r in rows:
+        i, s = r["device"], r["step"]
+        assert r["K/V from"] == (i - s) % n
+        assert r["scores kept"] == work[i, s]
+        assert r["full"] + r["diagonal"] + r["skipped"] == 4
+        if s == 0:
+            assert (r["full"], r["diagonal"], r["skipped"]) == (1, 2, 1)
+            assert r["scores kept"] == 2 * half * (half + 1) // 2 + half * half
+        elif s <= i:
+            assert (r["q halves"], r["K/V halves"], r["full"], r["skipped"]) == (
+                "both", "early", 2, 2)
+            assert r["scores kept"] == 2 * half * half
+        else:
+            assert (r["q halves"], r["K/V halves"], r["full"], r["skipped"]) == (
+                "late", "both", 2, 2)
+    plan = attention.zigzag_plan(seq, n)
+    assert plan.shape == (n, n) and set(plan[:, 0]) == {"causal"}
+    assert sum(r["skipped"] for r in rows) == 2 * n * n - n  # 2n - 1 of 4n per device
+
+
+@pytest.mark.parametrize(("n", "explicit", "shape"), [
+    (4, False, (2, 32, 3, 4)),
+    pytest.param(2, True, (1, 8, 2, 4), marks=pytest.mark.slow),
+    pytest.param(8, False, (2, 48, 1, 3), marks=pytest.mark.slow),
+    pytest.param(8, True, (1, 16, 2, 4), marks=pytest.mark.slow)])
+def test_skipping_ring_equals_reference(n, explicit, shape):
+    """ring_attention.md: the zig-zag ring that computes only the quarters the mask keeps."""
+    mesh = mesh_of(n, ("seq",), explicit=explicit)
+    q, k, v = jax.random.normal(jax.random.key(n), (3, *shape))
+    out = ring_attention(q, k, v, mesh, "seq", causal=True, layout="zigzag", skip_masked=True)
+    np.testing.assert_allclose(out, _reference(q, k, v, causal=True), rtol=1e-5, atol=1e-5)
+    inside = jax.jit(lambda q: ring_attention(q, k, v, mesh, "seq", causal=True,
+                                              layout="zigzag", skip_masked=True))(q)
+    np.testing.assert_allclose(inside, out, rtol=1e-6, atol=1e-6)
+
+
+def test_skipping_ring_counts_fewer_flops():
+    """ring_attention.md: fewer FLOPs per device, and at least the quarters' share
+    (2n + 1) / 4n of the masked ring's (the program outside the score blocks is shared)."""
+    mesh = mesh_of(4, ("seq",))
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 32, 4, 8))
+    masked, skipping = (r["FLOPs per device"] for r in attention.zigzag_flops(q, k, v, mesh,
+                                                                               "seq"))
+    assert 9 / 16 * masked < skipping < 0.75 * masked
+
+
+@pytest.mark.parametrize(("kwargs", "error", "word"), [
+    ({"causal": False, "layout": "zigzag", "skip_masked": True}, ValueError, "causal=True"),
+    ({"causal": True, "layout": "contiguous", "skip_masked": True}, ValueError, "zigzag"),
+    ({"causal": True, "layout": "zigzag", "skip_masked": "yes"}, TypeError, "skip_masked"),
+    ({"causal": True, "layout": "zigzag", "skip_masked": 1}, TypeError, "skip_masked")])
+def test_skip_masked_bad_input(kwargs, error, word):
+    mesh = mesh_of(2, ("seq",))
+    x = np.zeros((1, 8, 1, 2), np.float32)
+    with pytest.raises(error, match=word):
+        ring_attention(x, x, x, mesh, "seq", **kwargs)
+    with pytest.raises(error, match=word):
+        attention.ring_attention_in_layout(x, x, x, mesh, "seq", **kwargs)
+    with pytest.raises(TypeError, match="mesh"):
+        attention.zigzag_flops(x, x, x, "mesh", "seq")
+
+
+@pytest.mark.parametrize(("seq", "n", "error"), [
+    (12, 4, ValueError), (0, 2, ValueError), (8, 0, ValueError), (8.0, 2, TypeError),
+    (True, 2, TypeError), (8, np.float32(2), TypeError), (-8, 2, ValueError)])
+def test_zigzag_steps_bad_input(seq, n, error):
+    with pytest.raises(error):
+        attention.zigzag_steps(seq, n)
+    with pytest.raises(error):
+        attention.zigzag_plan(seq, n)
 
 
 def test_ring_figure_has_a_colour_bar_for_the_share_kept():

@@ -6,6 +6,8 @@
 - `moe`: a mixture-of-experts layer over an `expert` axis (pipeline/experts,
   pipeline/composing).
 - `axes`: the bytes each parallelism axis moves, and where to put it (pipeline/composing).
+- `composed`: the MoE layer on a ``(data, expert)`` mesh, both axes at once
+  (pipeline/composing).
 
 The face re-exports the names of the book's public contract (``init_stack``, ``stack_loss``,
 ``STRATEGIES``, ``bubble_fraction``); the chapters import the modules themselves.

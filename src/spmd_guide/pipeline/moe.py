@@ -317,15 +317,17 @@ def _global_positions(hot: jax.Array, axis_name: str) -> jax.Array:
 
 def _local_layer(router: jax.Array, w_in: jax.Array, w_out: jax.Array,
                  x: jax.Array, *, axis_name: str, top_k: int, cap: int,
-                 slots: int, tokens: int) -> tuple[jax.Array, Stats]:
-    """One device's part: route its tokens, send them to their experts' devices,
-    run its own experts, send the results back, combine."""
+                 slots: int, tokens: int, token_axes: Any = None) -> tuple[jax.Array, Stats]:
+    """One device's part: route its tokens, send them to their experts' devices, run its
+    own experts, send the results back, combine. Tokens are split over ``token_axes``
+    (default ``axis_name``; a tuple composes axes, :mod:`spmd_guide.pipeline.composed`)."""
     n, d = jax.lax.axis_size(axis_name), x.shape[1]
+    token_axes = token_axes or axis_name
     n_experts = router.shape[1]
     probs, expert, gate = _choose(router, x, top_k)
     hot = jax.nn.one_hot(expert, n_experts, dtype=jnp.int32)
     hot = hot.transpose(1, 0, 2)                           # [k, t, E]
-    kept = _global_positions(hot, axis_name) < cap         # [t, k]
+    kept = _global_positions(hot, token_axes) < cap        # [t, k]
     # Slot in the send buffer: rank among this device's assignments to the
     # expert. Kept ones come first in priority order: slots 0, 1, ...
     rank = _exclusive_cumsum(hot.reshape(-1, n_experts), axis=0)
@@ -343,7 +345,7 @@ def _local_layer(router: jax.Array, w_in: jax.Array, w_out: jax.Array,
     picked = back.at[expert, slot].get(mode="fill", fill_value=0)  # [t, k, d]
     y = jnp.einsum("tk,tkd->td", gate * kept, picked)
     # Statistics over the whole batch.
-    psum = functools.partial(jax.lax.psum, axis_name=axis_name)
+    psum = functools.partial(jax.lax.psum, axis_name=token_axes)
     share = psum(jnp.sum(hot, axis=(0, 1))) / (tokens * top_k)
     mean_prob = psum(jnp.sum(probs, axis=0)) / tokens
     stats = {

@@ -10,6 +10,8 @@
 - `step_memory`: remat of the partitioner's all-gathers, hybrid sharding against the
   accumulation factor, refused donations (transformer/step_memory).
 - `breakdown`: each collective of a compiled program by pass, source line and mesh axis.
+- `gqa`: grouped-query attention under tensor parallelism with fewer KV heads than devices
+  (transformer/tensor_parallelism).
 - `pricing`: the strategies compiled at GPT-2-medium widths for Part V's
   rooflines/transformer page.
 

@@ -11,6 +11,8 @@ With a causal mask the work is uneven: in the contiguous layout device 0 needs o
 block while the last device needs all of them. The *zig-zag* layout cuts the sequence into
 ``2n`` chunks and gives device ``i`` chunks ``i`` and ``2n - 1 - i``, so every device holds one
 early and one late chunk and does the same useful work (``causal_work`` counts it).
+``zigzag_steps`` reads off the mask which halves each step needs, and
+``zigzag_skipping_local`` computes only those.
 """
 
 from __future__ import annotations
@@ -96,28 +98,33 @@ def _block(q, k, v, q_pos, k_pos, causal, carry):
     return m_new, total_new, o_new
 
 
+def _check_local(q, k, v, axis_name, positions, who: str):
+    """The checks of a per-device program: blocks, axis name (bound here), positions table."""
+    q, k, v = _check_qkv(q, k, v)
+    if not isinstance(axis_name, str):
+        raise checks.InputTypeError(f"axis_name must be a string, got {checks.value_text(axis_name)}.")
+    positions = checks.array("positions", positions, ndim=2, dtype_kind="iu")
+    try:
+        n = jax.lax.axis_size(axis_name)
+    except NameError:
+        raise checks.InputError(
+            f"{who} runs inside jax.shard_map over a mesh axis named {axis_name!r}; here no "
+            f"such axis is bound (call ring_attention from outside shard_map).") from None
+    if tuple(positions.shape) != (n, q.shape[1]):
+        raise checks.InputError(
+            f"positions must be the [ring size, block] = [{n}, {q.shape[1]}] table of "
+            f"layout_positions, got shape {tuple(positions.shape)}.")
+    return q, k, v, positions, n
+
+
 def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causal: bool):
     """The per-device program (call inside ``shard_map``): local q, k, v blocks.
 
     ``positions`` is the ``[n, block]`` table of :func:`layout_positions`; the K/V block a
     device holds after ``s`` steps came from device ``(i - s) mod n``.
     """
-    q, k, v = _check_qkv(q, k, v)
-    if not isinstance(axis_name, str):
-        raise checks.InputTypeError(f"axis_name must be a string, got {checks.value_text(axis_name)}.")
     causal = checks.flag("causal", causal)
-    positions = checks.array("positions", positions, ndim=2, dtype_kind="iu")
-    try:
-        n = jax.lax.axis_size(axis_name)
-    except NameError:
-        raise checks.InputError(
-            f"ring_attention_local runs inside jax.shard_map over a mesh axis named "
-            f"{axis_name!r}; here no such axis is bound (call ring_attention from outside "
-            f"shard_map).") from None
-    if tuple(positions.shape) != (n, q.shape[1]):
-        raise checks.InputError(
-            f"positions must be the [ring size, block] = [{n}, {q.shape[1]}] table of "
-            f"layout_positions, got shape {tuple(positions.shape)}.")
+    q, k, v, positions, n = _check_local(q, k, v, axis_name, positions, "ring_attention_local")
     i = jax.lax.axis_index(axis_name)
     b, t, h, _ = q.shape
     q_pos = positions[i]
@@ -133,8 +140,42 @@ def ring_attention_local(q, k, v, *, axis_name: str, positions: jax.Array, causa
     return o / total.transpose(0, 2, 1)[..., None]
 
 
+def zigzag_skipping_local(q, k, v, *, axis_name: str, positions: jax.Array):
+    """The causal zig-zag ring's per-device program that computes only what the mask keeps
+    (call inside ``shard_map``; :func:`zigzag_steps` says why): step 0 the own block with the
+    mask; then, K/V from an earlier device, all of q against the early half of K/V, else
+    the late half of q against all of K/V, both unmasked. Which one is the device's choice,
+    a ``jax.lax.cond`` on its index: every device runs the same program, and both branches
+    are half a block of work."""
+    q, k, v, positions, n = _check_local(q, k, v, axis_name, positions, "zigzag_skipping_local")
+    i = jax.lax.axis_index(axis_name)
+    b, t, h, _ = q.shape
+    half, q_pos = t // 2, positions[i]
+    carry = (jnp.full((b, h, t), _NEG, q.dtype), jnp.zeros((b, h, t), q.dtype),
+             jnp.zeros_like(q))
+    carry = _block(q, k, v, q_pos, q_pos, True, carry)
+    perm = [(j, (j + 1) % n) for j in range(n)]
+    for step in range(1, n):
+        k, v = jax.lax.ppermute((k, v), axis_name, perm)
+        k_pos = positions[(i - step) % n]
+
+        def earlier(carry, k=k, v=v, k_pos=k_pos):  # all of q, early half of K/V
+            return _block(q, k[:, :half], v[:, :half], q_pos, k_pos[:half], False, carry)
+
+        def later(carry, k=k, v=v, k_pos=k_pos):  # late half of q, all of K/V
+            late = _block(q[:, half:], k, v, q_pos[half:], k_pos, False,
+                          (carry[0][..., half:], carry[1][..., half:], carry[2][:, half:]))
+            return (carry[0].at[..., half:].set(late[0]), carry[1].at[..., half:].set(late[1]),
+                    carry[2].at[:, half:].set(late[2]))
+
+        carry = jax.lax.cond(step <= i, earlier, later, carry)
+    _, total, o = carry
+    return o / total.transpose(0, 2, 1)[..., None]
+
+
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str, *,
-                   causal: bool, layout: str = "contiguous") -> jax.Array:
+                   causal: bool, layout: str = "contiguous",
+                   skip_masked: bool = False) -> jax.Array:
     """Attention with the sequence split over ``mesh`` axis ``axis_name`` (context parallel).
 
     Equals :func:`reference_attention`. The inputs are placed as the algorithm needs
@@ -144,32 +185,47 @@ def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_na
     sequence length divisible by ``2n``, the contiguous layout by ``n``. Works under ``jit``;
     called on concrete arrays it runs one compiled program (cached per mesh and options),
     since shard_map run eagerly dispatches the unrolled ring one small operation at a time.
-    Works on meshes of Auto or Explicit axes.
+    Works on meshes of Auto or Explicit axes. ``skip_masked=True`` (causal zig-zag only)
+    runs :func:`zigzag_skipping_local`, which computes only the quarters the mask keeps.
     """
     q, k, v = _check_qkv(q, k, v)
     causal = checks.flag("causal", causal)
+    skip = _check_skip(skip_masked, causal, layout)
     checks.mesh("mesh", mesh)
     n = checks.axis(mesh, axis_name)
     check_ring(q.shape[1], n, layout)
     _check_axis_types(mesh)
     if not any(checks.is_traced(x) for x in (q, k, v)):
-        return _ring_program(mesh, axis_name, causal, layout)(q, k, v)
-    return _ring(q, k, v, mesh, axis_name, causal=causal, layout=layout)
+        return _ring_program(mesh, axis_name, causal, layout, skip)(q, k, v)
+    return _ring(q, k, v, mesh, axis_name, causal=causal, layout=layout, skip_masked=skip)
+
+
+def _check_skip(skip_masked: Any, causal: bool, layout: str) -> bool:
+    skip = checks.flag("skip_masked", skip_masked)
+    checks.one_of("layout", layout, LAYOUTS)
+    if skip and (not causal or layout != "zigzag"):
+        raise checks.InputError(
+            f"skip_masked=True skips the blocks a causal mask empties in the zig-zag layout; "
+            f"it needs causal=True and layout='zigzag', got causal={causal}, "
+            f"layout={layout!r}.")
+    return skip
 
 
 @functools.lru_cache(maxsize=64)
-def _ring_program(mesh: Mesh, axis_name: str, causal: bool, layout: str):
+def _ring_program(mesh: Mesh, axis_name: str, causal: bool, layout: str, skip: bool = False):
     return jax.jit(functools.partial(_ring, mesh=mesh, axis_name=axis_name, causal=causal,
-                                     layout=layout), compiler_options=hlo.FAST_COMPILE)
+                                     layout=layout, skip_masked=skip),
+                   compiler_options=hlo.FAST_COMPILE)
 
 
 def _ring(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh, axis_name: str, *,
-          causal: bool, layout: str) -> jax.Array:
+          causal: bool, layout: str, skip_masked: bool = False) -> jax.Array:
     n, seq = int(mesh.shape[axis_name]), q.shape[1]
     order = layout_positions(seq, n, layout).reshape(-1)
     if layout == "zigzag":  # reorder once (a real loader would store the tokens this way)
         q, k, v = (_take_seq(x, order, mesh) for x in (q, k, v))
-    out = ring_attention_in_layout(q, k, v, mesh, axis_name, causal=causal, layout=layout)
+    out = ring_attention_in_layout(q, k, v, mesh, axis_name, causal=causal, layout=layout,
+                                   skip_masked=skip_masked)
     if layout == "zigzag":
         out = _take_seq(out, np.argsort(order), mesh)
     return _place(out, NamedSharding(mesh, P(None, axis_name, None, None)))
@@ -196,7 +252,8 @@ def _take_seq(x: jax.Array, order: np.ndarray, mesh: Mesh) -> jax.Array:
 
 
 def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh,
-                             axis_name: str, *, causal: bool, layout: str) -> jax.Array:
+                             axis_name: str, *, causal: bool, layout: str,
+                             skip_masked: bool = False) -> jax.Array:
     """Ring attention on q, k, v whose sequence is *already* in ``layout`` order.
 
     The model of context parallelism calls this: it puts its tokens in zig-zag order once, so
@@ -204,6 +261,7 @@ def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mes
     """
     q, k, v = _check_qkv(q, k, v)
     causal = checks.flag("causal", causal)
+    skip = _check_skip(skip_masked, causal, layout)
     n = checks.axis(mesh, axis_name)
     check_ring(q.shape[1], n, layout)
     _check_axis_types(mesh)
@@ -213,6 +271,9 @@ def ring_attention_in_layout(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mes
     q, k, v = (_place(x, sharding) for x in (q, k, v))
 
     def local(q, k, v):
+        if skip:
+            return zigzag_skipping_local(q, k, v, axis_name=axis_name,
+                                         positions=jnp.asarray(positions))
         return ring_attention_local(q, k, v, axis_name=axis_name,
                                     positions=jnp.asarray(positions), causal=causal)
 
@@ -230,6 +291,83 @@ def causal_work(seq: int, n: int, layout: str) -> np.ndarray:
         for s in range(n):
             work[i, s] = int((pos[i][:, None] >= pos[(i - s) % n][None, :]).sum())
     return work
+
+
+HALVES = ("early", "late")
+
+
+def zigzag_steps(seq: int, n: int) -> list[dict[str, Any]]:
+    """What each device computes at each step of the causal zig-zag ring, read off the mask.
+
+    Device ``i`` holds query chunks ``i`` (its *early* half) and ``2n - 1 - i`` (its *late*
+    half); at step ``s`` it holds the K/V block of device ``j = (i - s) mod n``, also an early
+    and a late half. Each (query half, K/V half) pair is a quarter of the step's score block,
+    and the causal mask makes it ``full`` (every score kept), ``diagonal`` (some kept: a
+    kernel must mask it) or ``skipped`` (no score kept: a kernel need not compute it). One row
+    per device and step, with the quarters of each kind, the query and K/V halves that any
+    kept score needs, and the scores kept (per batch row and head; they sum to
+    :func:`causal_work`).
+    """
+    seq, n = checks.count("seq", seq), checks.count("n", n)
+    check_ring(seq, n, "zigzag")
+    half = seq // (2 * n)
+    pos = layout_positions(seq, n, "zigzag").reshape(n, 2, half)  # [device, half, position]
+    rows = []
+    for i in range(n):
+        for s in range(n):
+            j = (i - s) % n
+            kinds: dict[str, list[tuple[str, str]]] = {"full": [], "diagonal": [], "skipped": []}
+            kept = 0
+            for a, qh in enumerate(HALVES):
+                for b, kh in enumerate(HALVES):
+                    mask = pos[i, a][:, None] >= pos[j, b][None, :]
+                    kept += int(mask.sum())
+                    kind = "full" if mask.all() else "skipped" if not mask.any() else "diagonal"
+                    kinds[kind].append((qh, kh))
+            used = kinds["full"] + kinds["diagonal"]
+            rows.append({
+                "device": i, "step": s, "K/V from": j,
+                "q halves": _halves({qh for qh, _ in used}),
+                "K/V halves": _halves({kh for _, kh in used}),
+                "full": len(kinds["full"]), "diagonal": len(kinds["diagonal"]),
+                "skipped": len(kinds["skipped"]), "scores kept": kept})
+    return rows
+
+
+def _halves(found: set[str]) -> str:
+    return "both" if len(found) == 2 else next(iter(found), "none")
+
+
+def zigzag_plan(seq: int, n: int) -> np.ndarray:
+    """``[n devices, n steps]`` of text: what a kernel that skips fully masked quarters
+    computes at each step of the causal zig-zag ring, from :func:`zigzag_steps`: ``causal``
+    (the diagonal step, with a mask), else the halves of q and of K/V it computes, no mask
+    (``"q late\nK/V both"``: two lines, so that a table of them fits a phone)."""
+    rows = zigzag_steps(seq, n)
+    plan = np.empty((int(n), int(n)), dtype=object)
+    for row in rows:
+        plan[row["device"], row["step"]] = (
+            "causal" if row["diagonal"] else f"q {row['q halves']}\nK/V {row['K/V halves']}")
+    return plan
+
+
+def zigzag_flops(q: jax.Array, k: jax.Array, v: jax.Array, mesh: Mesh,
+                 axis_name: str) -> list[dict[str, Any]]:
+    """FLOPs per device of the causal zig-zag ring, masked (every block scored) and
+    skipping (:func:`zigzag_skipping_local`), from each compiled program's cost analysis
+    (XLA's ``HloCostAnalysis``, which counts a conditional as its costliest branch)."""
+    q, k, v = _check_qkv(q, k, v)
+    checks.mesh("mesh", mesh)
+    check_ring(q.shape[1], checks.axis(mesh, axis_name), "zigzag")
+    _check_axis_types(mesh)
+    rows = []
+    for skip in (False, True):
+        compiled = _ring_program(mesh, axis_name, True, "zigzag", skip).lower(q, k, v).compile()
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        rows.append({"ring": "skipping" if skip else "masked",
+                     "FLOPs per device": int(cost["flops"])})
+    return rows
 
 
 def ring_schedule(n: int) -> np.ndarray:
