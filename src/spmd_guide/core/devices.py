@@ -32,6 +32,41 @@ def _request_cpu_devices(n: int) -> bool:
     return True
 
 
+def _accelerator_possible() -> bool:
+    """Whether this host may have an accelerator JAX should start: a TPU chip on its PCI bus
+    (what JAX itself checks, ``/sys/bus/pci``), or a JAX plugin (CUDA, ROCm, ...) installed.
+
+    ``libtpu`` alone is not enough: Part XIV installs it to compile for TPU slices without
+    a TPU, and a JAX that tries to start a TPU on a host without one prints warnings."""
+    import importlib.metadata
+    import importlib.util
+
+    from jax._src import hardware_utils
+
+    try:
+        if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+            return True
+    except OSError:  # no /sys to read (macOS): JAX's own check reads nothing either
+        pass
+    if importlib.util.find_spec("jax_plugins") is not None:
+        return True
+    return bool(importlib.metadata.entry_points(group="jax_plugins"))
+
+
+def _cpu_unless_accelerator() -> None:
+    """Start JAX on its CPU backend alone when no platform was chosen and no accelerator can
+    be present: JAX would otherwise try every backend it finds (a ``libtpu`` installed for
+    compiling, not running), print their start-up failures, and take the TPU's lock file.
+    A platform the caller chose (``JAX_PLATFORMS``, ``jax.config``) is left alone."""
+    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+        return
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized() or _accelerator_possible():
+        return
+    jax.config.update("jax_platforms", "cpu")
+
+
 def ensure_devices(n: int = 8) -> list[jax.Device]:
     """Return ``n`` devices: accelerators if present, else CPU mock devices.
 
@@ -45,11 +80,16 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
     option, which (on JAX 0.10 and 0.12 alike) takes precedence over an
     ``XLA_FLAGS=--xla_force_host_platform_device_count`` setting.
 
+    When no platform was chosen (``JAX_PLATFORMS`` unset) and the host has no TPU chip and
+    no JAX accelerator plugin, JAX is started on its CPU backend alone, so that a ``libtpu``
+    installed for compiling TPU programs (Part XIV) prints nothing and holds no TPU lock.
+
     Raises ``ValueError`` for a bad ``n`` and ``RuntimeError`` when the devices
     cannot be had: fewer accelerators than ``n``, or JAX already started with a
     different number of CPU devices.
     """
     n = checks.count("ensure_devices(n)", n, maximum=checks.MAX_DEVICES)
+    _cpu_unless_accelerator()
     requested = _request_cpu_devices(n)
     devices = jax.devices()
     platform = devices[0].platform
