@@ -12,6 +12,7 @@ layouts, inputs donated); the MLP's is Part IV's ``sgd_step``.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,23 +22,36 @@ from jax.sharding import NamedSharding
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.nn import STRATEGIES as NN_STRATEGIES
-from spmd_guide.rooflines import hardware
+from spmd_guide.rooflines import hardware, roofline
 from spmd_guide.transformer import lm, pricing, transformer
 from spmd_guide.tpu.topology import chip_key, topology_devices
 
-__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "Program", "compile_strategy",
-           "collective_rows", "memory_row", "cost_row"]
+__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
+           "compile_strategy", "fit_row"]
 
 #: The transformer Part XIV compiles by default: wide enough that its AdamW state decides
 #: whether a strategy fits a 16 GB v5e chip, two blocks deep so that a compile stays short.
-TRANSFORMER = dict(vocab=32768, d_model=4096, n_heads=32, d_ff=16384, n_layers=2,
-                   seq_len=1024)
+#: The transformer Part XIV compiles for every strategy: small, because XLA:TPU's compile
+#: time grows with the arrays' sizes (a 4096-wide model takes ten times as long).
+TRANSFORMER = dict(vocab=256, d_model=128, n_heads=8, d_ff=512, n_layers=1, seq_len=64)
 TRANSFORMER_BATCH = 8
-#: Part IV's MLP, at widths worth a TPU: [batch 1024] x 4096 -> 8192 -> 8192 -> 4096.
-MLP_SIZES = (4096, 8192, 8192, 4096)
-MLP_BATCH = 1024
+#: Part IV's MLP at widths whose float32 weights (2.1e9 parameters, 8.6 GB) and gradients do
+#: not fit one 16 GB v5e chip together: [batch 256] x 32768, two layers.
+MLP_SIZES = (32768,) * 3
+MLP_BATCH = 256
 
 FAMILIES = ("transformer", "mlp")
+
+
+class DoesNotFit(checks.InputError):
+    """XLA:TPU refused to compile a program whose buffers exceed the chip's HBM."""
+
+    def __init__(self, message: str, *, needed: str, available: str) -> None:
+        super().__init__(message)
+        self.needed, self.available = needed, available
+
+
+_OOM = re.compile(r"required for ([\w ]+?) \(([\d.]+\w?)\) exceeds available HBM \(([\d.]+\w?)\)")
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,43 @@ class Program:
     def memory(self) -> hlo.MemoryStats:
         return hlo._memory(self.compiled)
 
+    @property
+    def hbm_bytes(self) -> float:
+        """HBM of one chip of the slice, from ``rooflines/chips.toml`` (with its source)."""
+        return hardware.get_chip(self.chip).hbm_bytes
+
+    def row(self) -> dict[str, Any]:
+        """Collectives by kind, their device groups and bytes, and memory per device
+        against the chip's HBM."""
+        ops = self.collectives
+        counts = hlo.count_kinds(ops)
+        kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
+        groups = "/".join(str(g) for g in sorted({op.group_size for op in ops})) or "-"
+        dtypes = "/".join(sorted({str(b.dtype) for op in ops for b in op.buffers
+                                  if op.buffer_bytes >= 1024})) or "-"
+        peak = self.memory.peak_bytes
+        return {"strategy": self.strategy, "slice": self.topology, "collectives": kinds,
+                "group sizes": groups, "dtypes moved": dtypes,
+                "sent per device": hlo.format_bytes(sum(op.bytes_sent for op in ops)),
+                "memory per device": hlo.format_bytes(peak),
+                "of HBM": f"{peak / self.hbm_bytes:.1%}"}
+
+    def cost_row(self) -> dict[str, Any]:
+        """XLA:TPU's own cost analysis beside Part V's roofline for the same program."""
+        cost = self.compiled.cost_analysis() or {}
+        est = roofline.estimate(roofline.counts(self.compiled), self.chip)
+        return {"strategy": self.strategy, "slice": self.topology,
+                "FLOPs (XLA:TPU)": f"{float(cost.get('flops', 0)):.3g}",
+                "HBM bytes (XLA:TPU)": hlo.format_bytes(float(cost.get("bytes accessed", 0))),
+                "XLA:TPU's optimal time": _us(float(cost.get("optimal_seconds", -1))),
+                "roofline: compute": _us(est.compute_s), "memory": _us(est.memory_s),
+                "communication": _us(est.comm_s), "roofline bound": _us(est.step_s)}
+
+
+def _us(seconds: float) -> str:
+    """Microseconds; XLA:TPU's estimate is sometimes negative (no estimate): shown as such."""
+    return f"{seconds * 1e6:,.1f} µs" if seconds >= 0 else "none given"
+
 
 def _sds(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -73,6 +124,36 @@ def compile_strategy(family: str, strategy: str, topology: str, *,
     ``sizes`` override :data:`TRANSFORMER` (and ``batch``) or, for the MLP, ``batch``.
     ``compiler_options`` go to XLA:TPU (``{"xla_tpu_...": ...}``)."""
     family = hardware.choice("family", family, FAMILIES)
+    try:
+        return _compile_strategy(family, strategy, topology, compiler_options, sizes)
+    except jax.errors.JaxRuntimeError as error:
+        match = _OOM.search(str(error))
+        if "RESOURCE_EXHAUSTED" not in str(error) or not match:
+            raise
+        raise DoesNotFit(
+            f"{family} strategy {strategy!r} does not fit one chip of {topology}: XLA:TPU "
+            f"needs {match.group(2)} for {match.group(1)}, and the chip has {match.group(3)} "
+            "of HBM available.", needed=match.group(2), available=match.group(3)) from None
+
+
+def fit_row(family: str, strategy: str, topology: str, **sizes: Any) -> dict[str, Any]:
+    """One row of "does it fit": the compiled program's memory per device against the chip's
+    HBM, or, where XLA:TPU refuses to compile, what it needs and what the chip has."""
+    try:
+        program = compile_strategy(family, strategy, topology, **sizes)
+    except DoesNotFit as error:
+        return {"strategy": strategy, "collectives": "-", "memory per device":
+                f"needs {error.needed}", "of HBM": f"over {error.available}",
+                "fits": "no: XLA:TPU refuses to compile it"}
+    row = program.row()
+    return {"strategy": strategy, "collectives": row["collectives"],
+            "memory per device": row["memory per device"], "of HBM": row["of HBM"],
+            "fits": "yes"}
+
+
+def _compile_strategy(family: str, strategy: str, topology: str,
+                      compiler_options: dict[str, Any] | None, sizes: dict[str, Any]
+                      ) -> Program:
     options = dict(compiler_options or {})
     for key in options:
         checks.text("a compiler option's name", key)
