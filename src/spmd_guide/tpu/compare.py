@@ -164,14 +164,19 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def probe_program(claim: Claim | str, mesh: Mesh) -> str:
-    """The compiled program (HLO text) of ``claim``'s probe on ``mesh`` (one axis ``data``)."""
+def probe_program(claim: Claim | str, mesh: Mesh, *,
+                  compiler_options: dict[str, Any] | None = None) -> str:
+    """The compiled program (HLO text) of ``claim``'s probe on ``mesh`` (one axis ``data``),
+    with ``compiler_options`` for XLA (``{"xla_tpu_...": False}``)."""
     if isinstance(claim, str):
         claim = checks.one_of("claim", claim, {c.key: c for c in CLAIMS})
         claim = next(c for c in CLAIMS if c.key == claim)
     checks.mesh_axes("mesh", mesh, ("data",))
     fn, args = _grad_step(mesh, claim.spec, dtype=claim.dtype, microbatches=claim.microbatches)
-    return fn.trace(*args).lower().compile().as_text()
+    options = dict(compiler_options or {})
+    for key in options:
+        checks.text("a compiler option's name", key)
+    return fn.trace(*args).lower().compile(options or None).as_text()
 
 
 def compare(topology: str = "v5e:2x4", *, cpu_devices: Any = None) -> list[dict[str, str]]:

@@ -84,11 +84,14 @@ class Program:
         counts = hlo.count_kinds(ops)
         kinds = ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
         groups = "/".join(str(g) for g in sorted({op.group_size for op in ops})) or "-"
-        dtypes = "/".join(sorted({str(b.dtype) for op in ops for b in op.buffers
-                                  if op.buffer_bytes >= 1024})) or "-"
+        def moved(kinds: tuple[str, ...]) -> str:
+            return "/".join(sorted({str(b.dtype) for op in ops if op.kind in kinds
+                                    for b in op.buffers if b.nbytes >= 1024})) or "-"
+
+        dtypes = f"{moved(('all-gather',))} / {moved(('all-reduce', 'reduce-scatter'))}"
         peak = self.memory.peak_bytes
         return {"strategy": self.strategy, "slice": self.topology, "collectives": kinds,
-                "group sizes": groups, "dtypes moved": dtypes,
+                "group sizes": groups, "gathers / reductions move": dtypes,
                 "sent per device": hlo.format_bytes(sum(op.bytes_sent for op in ops)),
                 "memory per device": hlo.format_bytes(peak),
                 "of HBM": f"{peak / self.hbm_bytes:.1%}"}
