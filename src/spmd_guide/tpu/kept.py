@@ -36,6 +36,7 @@ def rows(table: str, compute: Callable[[], Sequence[dict[str, Any]]], *,
         return list(compute()), ""
     run = results.load(checks.path("folder", folder) / FILES[name])
     env = run.environment
+    libtpu = run.settings.get("libtpu", "?")
     return list(run.rows), (
-        f"Not compiled here: {why} The table is the last kept result, made by `{run.command}` "
-        f"on {run.date[:10]} with JAX {env.jax_version} on {env.backend.upper()}.")
+        f"Not compiled here: {why} The table is the last kept result, compiled by XLA:TPU "
+        f"(libtpu {libtpu}, JAX {env.jax_version}) with `{run.command}` on {run.date[:10]}.")
