@@ -2,6 +2,10 @@
 from get_topology_desc's devices."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -11,7 +15,6 @@ from jax.sharding import AxisType
 from spmd_guide.core import checks
 from spmd_guide.tpu import topology
 from spmd_guide.tpu.topology import chip_key, topology_devices, tpu_mesh
-
 
 
 @pytest.mark.parametrize(("name", "shape", "names"), [
@@ -96,3 +99,21 @@ def test_unavailable_is_empty_here_and_names_the_platform_elsewhere(monkeypatch)
     assert "not available on this platform" in why and "Darwin" in why
     with pytest.raises(RuntimeError, match="not available on this platform"):
         topology_devices("v5e:2x4")
+
+
+def test_jax_starts_on_cpu_without_a_word_from_libtpu():
+    # With libtpu installed and no TPU chip: no platform chosen, ensure_devices starts JAX
+    # on its CPU backend alone, and describing a slice prints nothing either.
+    code = textwrap.dedent("""
+        from spmd_guide import ensure_devices
+        print(ensure_devices(8)[0].platform)
+        from spmd_guide.tpu import tpu_mesh
+        print(tpu_mesh("v6e:2x4", (8,), ("x",)).devices.flat[0].device_kind)
+    """)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_PLATFORMS", "XLA_FLAGS") and not k.startswith("TPU_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["cpu", "TPU v6 lite"]
+    assert proc.stderr == ""

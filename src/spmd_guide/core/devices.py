@@ -21,10 +21,12 @@ from spmd_guide.core import checks
 
 
 def _request_cpu_devices(n: int) -> bool:
-    """Ask JAX for ``n`` CPU devices.
+    """Ask JAX for ``n`` CPU devices, and for the CPU alone where no accelerator can be
+    present (:func:`_cpu_unless_accelerator`).
 
     False if the backends already started with another count.
     """
+    _cpu_unless_accelerator()
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
@@ -80,16 +82,11 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
     option, which (on JAX 0.10 and 0.12 alike) takes precedence over an
     ``XLA_FLAGS=--xla_force_host_platform_device_count`` setting.
 
-    When no platform was chosen (``JAX_PLATFORMS`` unset) and the host has no TPU chip and
-    no JAX accelerator plugin, JAX is started on its CPU backend alone, so that a ``libtpu``
-    installed for compiling TPU programs (Part XIV) prints nothing and holds no TPU lock.
-
     Raises ``ValueError`` for a bad ``n`` and ``RuntimeError`` when the devices
     cannot be had: fewer accelerators than ``n``, or JAX already started with a
     different number of CPU devices.
     """
     n = checks.count("ensure_devices(n)", n, maximum=checks.MAX_DEVICES)
-    _cpu_unless_accelerator()
     requested = _request_cpu_devices(n)
     devices = jax.devices()
     platform = devices[0].platform

@@ -23,8 +23,8 @@ from jax.sharding import NamedSharding
 from spmd_guide.core import checks, hlo
 from spmd_guide.nn import STRATEGIES as NN_STRATEGIES
 from spmd_guide.rooflines import hardware, roofline
-from spmd_guide.transformer import lm, pricing, transformer
 from spmd_guide.tpu.topology import chip_key, topology_devices
+from spmd_guide.transformer import lm, pricing, transformer
 
 __all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
            "compile_strategy", "fit_row"]
