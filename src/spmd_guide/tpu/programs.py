@@ -33,7 +33,7 @@ __all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
 #: whether a strategy fits a 16 GB v5e chip, two blocks deep so that a compile stays short.
 #: The transformer Part XIV compiles for every strategy: small, because XLA:TPU's compile
 #: time grows with the arrays' sizes (a 4096-wide model takes ten times as long).
-TRANSFORMER = dict(vocab=256, d_model=128, n_heads=8, d_ff=512, n_layers=1, seq_len=64)
+TRANSFORMER = dict(vocab=128, d_model=64, n_heads=8, d_ff=256, n_layers=1, seq_len=32)
 TRANSFORMER_BATCH = 8
 #: Part IV's MLP at widths whose float32 weights (2.1e9 parameters, 8.6 GB) and gradients do
 #: not fit one 16 GB v5e chip together: [batch 256] x 32768, two layers.
@@ -88,10 +88,10 @@ class Program:
             return "/".join(sorted({str(b.dtype) for op in ops if op.kind in kinds
                                     for b in op.buffers if b.nbytes >= 1024})) or "-"
 
-        dtypes = f"{moved(('all-gather',))} / {moved(('all-reduce', 'reduce-scatter'))}"
+        gathers, reductions = moved(("all-gather",)), moved(("all-reduce", "reduce-scatter"))
         peak = self.memory.peak_bytes
         return {"strategy": self.strategy, "slice": self.topology, "collectives": kinds,
-                "group sizes": groups, "gathers / reductions move": dtypes,
+                "group sizes": groups, "gathers move": gathers, "reductions move": reductions,
                 "sent per device": hlo.format_bytes(sum(op.bytes_sent for op in ops)),
                 "memory per device": hlo.format_bytes(peak),
                 "of HBM": f"{peak / self.hbm_bytes:.1%}"}
@@ -105,12 +105,13 @@ class Program:
                 "HBM bytes (XLA:TPU)": hlo.format_bytes(float(cost.get("bytes accessed", 0))),
                 "XLA:TPU's optimal time": _us(float(cost.get("optimal_seconds", -1))),
                 "roofline: compute": _us(est.compute_s), "memory": _us(est.memory_s),
-                "communication": _us(est.comm_s), "roofline bound": _us(est.step_s)}
+                "communication": _us(est.comm_s), "roofline bound": _us(est.step_s),
+                "bound by": est.bound}
 
 
 def _us(seconds: float) -> str:
     """Microseconds; XLA:TPU's estimate is sometimes negative (no estimate): shown as such."""
-    return f"{seconds * 1e6:,.1f} µs" if seconds >= 0 else "none given"
+    return f"{seconds * 1e6:.3g} µs" if seconds >= 0 else "none given"
 
 
 def _sds(tree: Any, shardings: Any) -> Any:
