@@ -18,7 +18,7 @@ PACKAGE = pathlib.Path(spmd_guide.__file__).parent
 ROOT = PACKAGE.parents[1]
 #: The topics in the order of the book's table of contents; ``core`` comes first.
 ORDER = ["core", "meshes", "automatic", "shard_map", "nn", "rooflines", "profiling", "randomness",
-         "multihost", "transformer", "pipeline", "checkpointing", "serving", "flax_nnx",
+         "multihost", "transformer", "pipeline", "checkpointing", "serving", "flax_nnx", "tpu",
          "appendix"]
 TOPICS = sorted(m.name for m in pkgutil.iter_modules(spmd_guide.__path__) if m.ispkg)
 #: Every module as "topic.module" (a subpackage's own __init__ as "topic").

@@ -21,15 +21,52 @@ from spmd_guide.core import checks, compile_cache
 
 
 def _request_cpu_devices(n: int) -> bool:
-    """Ask JAX for ``n`` CPU devices.
+    """Ask JAX for ``n`` CPU devices, and for the CPU alone where no accelerator can be
+    present (:func:`_cpu_unless_accelerator`).
 
     False if the backends already started with another count.
     """
+    _cpu_unless_accelerator()
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:
         return False
     return True
+
+
+def _accelerator_possible() -> bool:
+    """Whether this host may have an accelerator JAX should start: a TPU chip on its PCI bus
+    (what JAX itself checks, ``/sys/bus/pci``), or a JAX plugin (CUDA, ROCm, ...) installed.
+
+    ``libtpu`` alone is not enough: Part XIV installs it to compile for TPU slices without
+    a TPU, and a JAX that tries to start a TPU on a host without one prints warnings."""
+    import importlib.metadata
+    import importlib.util
+
+    from jax._src import hardware_utils
+
+    try:
+        if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+            return True
+    except OSError:  # no /sys to read (macOS): JAX's own check reads nothing either
+        pass
+    if importlib.util.find_spec("jax_plugins") is not None:
+        return True
+    return bool(importlib.metadata.entry_points(group="jax_plugins"))
+
+
+def _cpu_unless_accelerator() -> None:
+    """Start JAX on its CPU backend alone when no platform was chosen and no accelerator can
+    be present: JAX would otherwise try every backend it finds (a ``libtpu`` installed for
+    compiling, not running), print their start-up failures, and take the TPU's lock file.
+    A platform the caller chose (``JAX_PLATFORMS``, ``jax.config``) is left alone."""
+    if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
+        return
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized() or _accelerator_possible():
+        return
+    jax.config.update("jax_platforms", "cpu")
 
 
 def ensure_devices(n: int = 8) -> list[jax.Device]:

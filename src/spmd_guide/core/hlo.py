@@ -63,7 +63,8 @@ from spmd_guide.core.hlo_text import (
 )
 
 __all__ = [
-    "KINDS", "Collective", "MemoryStats", "Report", "collective_counts", "collectives",
+    "KINDS", "Collective", "MemoryStats", "Report", "chain_id", "collective_counts",
+    "collectives",
     "collectives_in_text", "communication_bytes", "compile", "compiled_text", "count_kinds",
     "format_bytes", "memory_per_device", "report", "ring_bytes",
 ]
@@ -229,16 +230,37 @@ def _collective(instruction: Instruction, computation: str, table: dict[str, Ins
                       groups, instruction.line)
 
 
+_CHAIN = re.compile(r'\bchain_id="(\d+)"')
+
+
+def chain_id(instruction: Instruction) -> str | None:
+    """The ``chain_id`` XLA:TPU gives one asynchronous collective (``None`` if it has none).
+
+    XLA:TPU runs a collective asynchronously as a chain of fusions: an
+    ``async-collective-start`` fusion, ``async_collective_fusion`` s that compute while it
+    is in flight, and an ``async-collective-done`` fusion. Each of them holds a copy of the
+    same collective op, marked with the same ``frontend_attributes={chain_id="7"}``."""
+    match = _CHAIN.search(instruction.line)
+    return match.group(1) if match else None
+
+
 def collectives_in_text(text: str | jax.stages.Compiled) -> list[Collective]:
     """Every collective op in an HLO module's text (or compiled program), once each, in
-    program order."""
+    program order. A collective XLA:TPU runs as a chain of async fusions (:func:`chain_id`)
+    counts once, from the first copy the program holds."""
     module = parse_module(program_text(text))
     found = []
+    chains: set[str] = set()
     for computation in reachable(module):
         instructions = module.computations[computation]
         table = {i.name: i for i in instructions}
         for instruction in instructions:
             if instruction.opcode in _OPCODES:
+                chain = chain_id(instruction)
+                if chain is not None:
+                    if chain in chains:
+                        continue
+                    chains.add(chain)
                 found.append(_collective(instruction, computation, table, module))
     return found
 

@@ -1,0 +1,53 @@
+"""compare: the book's compiler claims on XLA:CPU and XLA:TPU (the table of tpu/cpu_vs_tpu)."""
+
+import pytest
+from jax.sharding import AxisType
+
+from spmd_guide.core import checks
+from spmd_guide.core.devices import build_mesh
+from spmd_guide.tpu import compare
+from spmd_guide.tpu.topology import tpu_mesh
+
+
+@pytest.fixture(scope="module")
+def meshes(devices):
+    return (build_mesh((8,), ("data",), devices=devices),
+            tpu_mesh("v5e:2x4", (8,), ("data",), axis_types=(AxisType.Auto,)))
+
+
+def _read(key, mesh):
+    claim = next(c for c in compare.CLAIMS if c.key == key)
+    return claim.read(compare.probe_program(claim, mesh))
+
+
+def test_bf16_collectives_stay_bf16_on_tpu_and_widen_to_f32_on_cpu(meshes):
+    cpu, tpu = (_read("mixed_precision", m) for m in meshes)
+    assert "bf16" not in cpu and "f32" in cpu
+    assert "f32" not in tpu and "all-gather: bf16" in tpu
+
+
+def test_accumulation_reduces_in_the_loop_on_cpu_and_after_it_on_tpu(meshes):
+    cpu, tpu = (_read("accumulation_dp", m) for m in meshes)
+    assert cpu == "1 in the loop, 0 outside"
+    assert tpu == "0 in the loop, 1 outside"
+
+
+@pytest.mark.slow
+def test_the_whole_table(devices):
+    rows = {r["claim (as the book words it)"]: r for r in compare.compare("v5e:2x4")}
+    assert len(rows) == len(compare.CLAIMS)
+    fsdp = next(r for k, r in rows.items() if "hoisted" in k)
+    assert fsdp["XLA:TPU (v5e:2x4)"].endswith(", 0 outside")     # TPU keeps gathers in the loop
+    assert not fsdp["XLA:CPU"].endswith(", 0 outside")          # CPU hoists some out
+    combining = next(r for k, r in rows.items() if "combined" in k)
+    assert combining["XLA:CPU"] == combining["XLA:TPU (v5e:2x4)"]
+    assert combining["XLA:CPU"].startswith("1 op(s)")
+
+
+def test_bad_claims_and_meshes_are_refused(meshes, devices):
+    with pytest.raises(checks.InputError):
+        compare.probe_program("speed", meshes[0])
+    with pytest.raises(checks.InputError):
+        compare.probe_program("async", build_mesh((8,), ("x",), devices=devices))
+    with pytest.raises(checks.InputError):
+        compare.probe_program("async", meshes[0], compiler_options={3: 1})

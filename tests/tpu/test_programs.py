@@ -1,0 +1,78 @@
+"""programs: strategies compiled by XLA:TPU; the facts Part XIV's pages state."""
+
+import re
+
+import pytest
+
+from spmd_guide.core import checks, hlo
+from spmd_guide.tpu import programs
+
+
+def test_replicated_weights_do_not_fit_a_v5e_chip_and_fsdp_does():
+    # tpu/compiling: XLA:TPU refuses at compile time a program that does not fit one chip.
+    with pytest.raises(programs.DoesNotFit) as err:
+        programs.compile_strategy("mlp", "auto_dp", "v5e:2x4")
+    assert err.value.available == "15.75G"
+    assert float(err.value.needed.rstrip("G")) > 15.75
+    row = programs.fit_row("mlp", "dp", "v5e:2x4")
+    assert row["fits"].startswith("no") and row["memory per device"].startswith("needs")
+    fsdp = programs.compile_strategy("mlp", "fsdp", "v5e:2x4")
+    assert fsdp.chip == "tpu-v5e"
+    assert 0 < fsdp.memory.peak_bytes < fsdp.hbm_bytes
+    assert programs.fit_row("mlp", "fsdp", "v5e:2x4")["fits"] == "yes"
+    assert hlo.count_kinds(fsdp.collectives)["reduce-scatter"] > 0
+
+
+def test_fsdp_gathers_float32_weights_as_bfloat16():
+    # tpu/strategies: every parameter is float32, the weight gathers move bf16.
+    program = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2")
+    gathers = {re.search(r'op_name="([^"]*)"', op.line).group(1): op.dtype
+               for op in program.collectives if op.kind == "all-gather"}
+    matmul_weights = {n: d for n, d in gathers.items() if "blocks" in n or "unembed" in n}
+    lookups = {n: d for n, d in gathers.items() if n not in matmul_weights}
+    assert len(matmul_weights) >= 6 and set(matmul_weights.values()) == {"bf16"}
+    assert lookups and set(lookups.values()) == {"f32"}  # the embedding, read by a gather
+    assert program.row()["gathers move"] == "bf16/f32"
+    cost = program.cost_row()
+    assert float(cost["FLOPs (XLA:TPU)"]) > 0 and cost["roofline bound"].endswith("µs")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dp", "fsdp", "tp", "tp_sp", "cp", "fsdp_tp"])
+@pytest.mark.parametrize("slice_", ["v4:2x2x2", "v5e:2x4", "v6e:2x4"])
+def test_every_transformer_strategy_compiles_on_three_generations(name, slice_):
+    program = programs.compile_strategy("transformer", name, slice_)
+    counts = hlo.count_kinds(program.collectives)
+    expected = {"dp": "all-reduce", "fsdp": "all-gather", "tp": "all-reduce",
+                "tp_sp": "all-gather", "cp": "collective-permute", "fsdp_tp": "all-gather"}
+    assert counts[expected[name]] > 0
+    if name == "cp":  # tpu/strategies, exercise 1: the ring's permutes are its most common op
+        assert max(counts, key=counts.get) == "collective-permute"
+    assert 0 < program.memory.peak_bytes < program.hbm_bytes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["auto_fsdp", "fsdp", "tp", "auto_2d"])
+def test_strategies_that_split_the_weights_fit(name):
+    assert programs.fit_row("mlp", name, "v5e:2x4")["fits"] == "yes"
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error"), [
+    (("cnn", "dp", "v5e:2x4"), {}, checks.InputError),
+    (("mlp", "single", "v5e:2x4"), {}, checks.InputError),
+    (("mlp", "dp", "v5e:2x4"), {"depth": 3}, checks.InputError),
+    (("mlp", "dp", "v5e:2x4"), {"batch": 0}, checks.InputError),
+    (("mlp", "dp", "v5e:2x4"), {"batch": 2.0}, checks.InputTypeError),
+    (("transformer", "dp", "v5e:2x4"), {"width": 3}, checks.InputError),
+    (("transformer", "tp", "v5e:2x4"), {"n_heads": 3, "d_model": 96}, checks.InputError),
+    (("mlp", "dp", "v5e:2x4"), {"compiler_options": {1: True}}, checks.InputError),
+])
+def test_bad_arguments_are_refused_before_compiling(args, kwargs, error):
+    with pytest.raises(error):
+        programs.compile_strategy(*args, **kwargs)
+
+
+def test_negative_estimates_are_shown_as_none_given_without_libtpu():
+    assert programs._us(-1.2e-5) == "none given"
+    assert programs._us(2.5e-5) == "25 µs"
+    assert programs._us(1.234e-8) == "0.0123 µs"
