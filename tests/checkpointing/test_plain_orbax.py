@@ -95,6 +95,25 @@ def test_exercise_answer(saved):
     _check_equal_and_laid_out(restored, state, state)
 
 
+# --------------------------------------------------------------------------- Orbax's own rule
+
+
+def test_orbax_skips_a_step_not_after_the_latest(tmp_path):
+    """The page's claim: CheckpointManager.save of a step <= the latest returns False and
+    writes nothing; only force=True raises StepAlreadyExistsError (for an existing step)."""
+    directory, state = tmp_path / "run", _state()
+    po.save(directory, state, step=7)
+    before = _snapshot(directory)
+    with ocp.CheckpointManager(directory) as manager:
+        assert manager.save(7, args=ocp.args.StandardSave(state)) is False
+        assert manager.save(3, args=ocp.args.StandardSave(state)) is False
+        manager.wait_until_finished()
+        assert manager.all_steps() == [7]
+        with pytest.raises(ocp.checkpoint_manager.StepAlreadyExistsError):
+            manager.save(7, args=ocp.args.StandardSave(state), force=True)
+    assert _snapshot(directory) == before
+
+
 # --------------------------------------------------------------------------- refusals
 
 
@@ -125,6 +144,8 @@ SAVE_BAD = {
     "step numpy 7 exists": (lambda d, s: po.save(d / "run", s, step=np.int64(7)), InputError,
                             "already"),
     "step exists": (lambda d, s: po.save(d / "run", s, step=7), InputError, "already"),
+    "step older": (lambda d, s: po.save(d / "run", s, step=3), InputError,
+                   "older than the latest step 7.*skip"),
     "state empty": (lambda d, s: po.save(d / "new", {}, step=1), InputError, "at least one"),
     "state string leaf": (lambda d, s: po.save(d / "new", {"a": "x"}, step=1), InputTypeError,
                           "state"),

@@ -77,7 +77,9 @@ def abstract_target(shapes: Any, shardings: Any) -> Any:
 def _save(directory: pathlib.Path, state: Any, step: int, save_args: Any) -> None:
     with ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(create=True)) as manager:
-        manager.save(step, args=ocp.args.StandardSave(state, save_args=save_args))
+        started = manager.save(step, args=ocp.args.StandardSave(state, save_args=save_args))
+        if not started:                     # a step <= the latest: skipped, nothing written
+            raise RuntimeError(f"Orbax skipped step {step} (latest: {manager.latest_step()})")
         manager.wait_until_finished()       # the save runs in the background until here
 
 
@@ -90,7 +92,11 @@ def _restore(directory: pathlib.Path, target: Any, step: int | None) -> Any:
 def save(directory: Any, state: Any, *, step: int, save_args: Any = None) -> None:
     """Save ``state`` (a pytree of arrays) as step ``step`` of ``directory`` with Orbax's
     ``CheckpointManager`` and ``ocp.args.StandardSave``; ``save_args`` is ``None`` or a tree
-    of ``ocp.SaveArgs`` with ``state``'s structure. Returns when the step is on disk."""
+    of ``ocp.SaveArgs`` with ``state``'s structure. Returns when the step is on disk.
+
+    ``step`` must be later than every step in ``directory``: Orbax's ``save`` skips a step
+    that is not (it returns ``False`` and writes nothing, by default, see
+    ``CheckpointManager.should_save``), so this refuses it with an ``InputError`` first."""
     path = checkpoint._directory(directory, must_exist=False)
     step = checkpoint._step(step)
     state = checkpoint._state_leaves(state)
@@ -101,8 +107,15 @@ def save(directory: Any, state: Any, *, step: int, save_args: Any = None) -> Non
                             example="ocp.SaveArgs(dtype=jnp.bfloat16)")
     if step in checkpoint.steps(path) or (path / str(step)).exists():
         raise checks.InputError(
-            f"step {step} already exists in {str(path)!r}; Orbax would refuse to overwrite "
-            "it. Save under a new step number, or delete that step first.")
+            f"step {step} already exists in {str(path)!r}; Orbax's CheckpointManager.save "
+            "would skip it (return False, write nothing). Save under a new step number, or "
+            "delete that step first.")
+    latest = checkpoint.latest_step(path)
+    if latest is not None and step < latest:
+        raise checks.InputError(
+            f"step {step} is older than the latest step {latest} in {str(path)!r}; Orbax's "
+            "CheckpointManager.save would skip it (return False, write nothing). Save under "
+            f"a step after {latest}.")
     _save(path, state, step, save_args)
 
 

@@ -39,6 +39,7 @@ REMAT_VARIANTS: dict[str, str] = {
     "gathered outside remat": "the weight is gathered, then passed to jax.checkpoint(layer)",
     "gathered inside remat": "jax.checkpoint(layer), the layer gathers its weight",
     "inside remat, save gathered": "the same, with save_only_these_names('gathered')",
+    "inside remat, dots_saveable": "the same, with dots_saveable (keeps matmul outputs)",
     "inside remat, input pinned": "jax.checkpoint(layer), the weight constrained sharded "
                                   "as it enters and gathered inside",
 }
@@ -134,6 +135,9 @@ def remat_grad(mesh: Mesh, *, variant: str, axis: str = "x", unrolled: bool = Fa
     elif variant == "inside remat, save gathered":
         layer = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis),
                                policy=policies.save_only_these_names("gathered"))
+    elif variant == "inside remat, dots_saveable":
+        layer = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis),
+                               policy=policies.dots_saveable)
     else:
         inner = jax.checkpoint(fsdp_layer(mesh, gather=True, batch_axes=axis))
         sharded = NamedSharding(mesh, P(axis, None))
