@@ -196,6 +196,8 @@ def test_exercise_answers():
     other = sm.check_donation(
         jax.jit(_sgd, donate_argnums=0, out_shardings=NamedSharding(mesh, P(None, "x"))), w, xx)
     assert not other.warned
+    # ... and XLA:CPU then aliases the whole shard (the page's summary says so)
+    assert other.aliased_bytes == 32 * 64 * 4
 
 
 # --------------------------------------------------------------------------- bad input
