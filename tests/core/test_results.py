@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 
@@ -30,6 +31,18 @@ def test_round_trip_keeps_rows_and_says_where_they_came_from(tmp_path):
     assert ("mock devices" in text) == env.mock_devices
     assert back.table().headers == list(ROWS[0])
     assert back.table(["strategy"]).rows == [{"strategy": "dp"}, {"strategy": "tp"}]
+
+
+def test_a_multi_process_launch_says_its_processes_not_the_launcher(tmp_path):
+    path = results.save(tmp_path / "m.json", benchmark="edges", command=["b.py"], rows=ROWS,
+                        settings={"processes": 2, "devices per process": 2})
+    back = results.load(path)
+    text = back.provenance()
+    assert "2 processes x 2 " in text and "devices each" in text
+    assert f"{back.environment.device_count} x " not in text
+    kept = results.load(pathlib.Path(__file__).parents[2] / "benchmarks" / "results"
+                        / "multihost_edges.json")
+    assert "2 processes x 2 cpu devices each" in kept.provenance()
 
 
 def test_the_books_committed_results_load():

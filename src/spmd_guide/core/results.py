@@ -74,10 +74,21 @@ class Results:
         return ", ".join(f"{key} {shown(value)}" for key, value in self.settings.items())
 
     def provenance(self) -> str:
-        """One sentence: what ran, on what, with which JAX, when."""
+        """One sentence: what ran, on what, with which JAX, when.
+
+        A run whose settings name ``"processes"`` and ``"devices per process"`` launched
+        processes of its own (a multi-process launch from one script): its environment is
+        the launching process's, so the devices are said from those settings instead."""
         env = self.environment
-        return (f"`{self.command}` on {env.hardware}, JAX {env.jax_version}, "
-                f"run on {self.date[:10]}.")
+        processes = self.settings.get("processes")
+        per = self.settings.get("devices per process")
+        if all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in (processes, per)):
+            where = (f"{processes} processes x {per} {env.device_kind} devices each, launched "
+                     f"from one process on {env.host_cores} host cores")
+        else:
+            where = env.hardware
+        return f"`{self.command}` on {where}, JAX {env.jax_version}, run on {self.date[:10]}."
 
 
 
