@@ -49,7 +49,7 @@ def test_mixing_varying_and_invariant_needs_pcast_without_auto_pcast(k):
         jax.config.update("jax_auto_pcast", True)
 
 
-def test_an_invariant_loop_carry_that_becomes_varying_is_a_type_error():
+def test_an_invariant_loop_carry_that_becomes_varying_fails_by_auto_pcast():
     mesh = mesh_of(4)
 
     def bad(b):
@@ -60,8 +60,21 @@ def test_an_invariant_loop_carry_that_becomes_varying_is_a_type_error():
         return jax.lax.fori_loop(0, 3, lambda i, c: c + b, start)
 
     x = jnp.arange(8.0)
-    with pytest.raises(TypeError, match="carry input and carry output must have equal types"):
+    # With jax_auto_pcast on (the default): scan's TypeError, which suggests pcast, not
+    # check_vma=False (loops.py's _check_carry_type).
+    with pytest.raises(TypeError, match="carry input and carry output must have equal types"
+                       ) as error:
         jax.shard_map(bad, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(x)
+    assert "jax.lax.pcast(" in str(error.value) and "check_vma" not in str(error.value)
+    # With it off, the add in the body fails first: core.py's ValueError, whose message
+    # suggests check_vma=False "as a temporary workaround".
+    jax.config.update("jax_auto_pcast", False)
+    try:
+        with pytest.raises(ValueError, match="Primitive add requires varying manual axes to "
+                           "match.*temporary workaround pass the check_vma=False"):
+            jax.shard_map(bad, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(x)
+    finally:
+        jax.config.update("jax_auto_pcast", True)
     out = jax.shard_map(fixed, mesh=mesh, in_specs=P("x"), out_specs=P("x"))(x)
     np.testing.assert_array_equal(np.asarray(out), 3 * np.arange(8.0))
 
