@@ -34,6 +34,11 @@ def test_collective_breakdown_reads_pass_source_and_axis():
     assert breakdown._pass("jit(f)/transpose(jvp())/dot_general") == "backward"
     assert breakdown._pass("jit(f)/(jvp()/gather:transpose(jvp())/reduce_sum)") == \
         "forward + backward"
+    # combined ops under a shared backward prefix are backward (XLA:CPU's combined expert
+    # gradient all-reduce in pipeline/composing)
+    assert breakdown._pass("jit(loss)/transpose(jvp(jit(layer)))/shard_map/(a/psum_invariant:"
+                           "b/psum_invariant)") == "backward"
+    assert breakdown._pass("jit(f)/jvp()/(dot:add)") == "forward"
     with pytest.raises(ValueError, match="breakdown key"):
         breakdown.collective_breakdown(text, mesh, by=("carries",))
 

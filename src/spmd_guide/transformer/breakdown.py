@@ -86,10 +86,25 @@ def _where(chain: list[tuple[str, int, int]], module: str) -> str:
     return _expressions(path).get((line, column), f"{name}:{line}")
 
 
+def _op_name_parts(op_name: str) -> list[str]:
+    """The ``op_name`` of each op the compiler combined into one: XLA writes their common
+    prefix once and the rest in parentheses joined by ``:``
+    (``jit(f)/transpose(jvp())/(dot_a:dot_b)``), or the whole names joined by ``:``."""
+    if ":" in op_name and op_name.endswith(")"):
+        depth = 0
+        for i in range(len(op_name) - 1, -1, -1):   # the "(" that the final ")" closes
+            depth += {")": 1, "(": -1}.get(op_name[i], 0)
+            if depth == 0:
+                break
+        if depth == 0 and i > 0 and op_name[i - 1] == "/":
+            return [op_name[:i] + part for part in op_name[i + 1:-1].split(":")]
+    return op_name.split(":")
+
+
 def _pass(op_name: str) -> str:
     """forward, backward, or both, from an op's ``op_name`` (``transpose(...)`` is the
-    backward pass; ops the compiler combined list their parts joined by ``:``)."""
-    backward = ["transpose(" in part for part in op_name.split(":")]
+    backward pass, in an op's own name or in the prefix that combined ops share)."""
+    backward = ["transpose(" in part for part in _op_name_parts(op_name)]
     if all(backward):
         return "backward"
     return "forward + backward" if any(backward) else "forward"
