@@ -112,14 +112,22 @@ def test_the_pages_other_claims_cond_vmap_loop_and_permutation(k):
     from spmd_guide.core import hlo_loops
 
     x = jax.device_put(jnp.arange(1.0, 4 * k + 1), NamedSharding(mesh_of(k), P("x")))
-    cond = jax.jit(lambda v: jax.lax.cond(jnp.max(v) > 3, lambda a: 2 * a, lambda a: a - 1, v))
-    assert kinds(cond, x) == ["all-reduce"]
+    cond = jax.jit(lambda v: jax.lax.cond(jnp.any(v > 3), lambda a: 2 * a, lambda a: a - 1, v))
+    (reduce,) = hlo.collectives(cond, x)
+    assert reduce.kind == "all-reduce"          # of the predicate alone: one pred[] scalar
+    assert [(b.dtype, b.shape) for b in reduce.buffers] == [("pred", ())]
+    np.testing.assert_array_equal(np.asarray(cond(x)), 2 * np.asarray(x))
 
     def one(v):
         return jax.lax.while_loop(lambda a: a < 100.0, lambda a: 2 * a, v)
 
+    # one loop for the whole batch, its "does any example go on?" all-reduced in the
+    # condition: every device runs the trips of the slowest example anywhere
     (loop,) = hlo_loops.loops(jax.jit(jax.vmap(one)), x)
     assert [op.kind for op in loop.condition] == ["all-reduce"] and loop.body == ()
+    assert loop.trip_count is None
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(one))(x)),
+                                  np.asarray(jax.vmap(one)(np.asarray(x))))
     permute = jax.jit(lambda v: jax.random.permutation(jax.random.key(1), v))
     assert kinds(permute, x) == ["all-gather"]
     np.testing.assert_array_equal(np.sort(np.asarray(permute(x))), np.asarray(x))
