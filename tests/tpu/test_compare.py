@@ -51,3 +51,17 @@ def test_bad_claims_and_meshes_are_refused(meshes, devices):
         compare.probe_program("async", build_mesh((8,), ("x",), devices=devices))
     with pytest.raises(checks.InputError):
         compare.probe_program("async", meshes[0], compiler_options={3: 1})
+
+
+def test_xla_tpu_reduce_scatter_fusion_is_read_as_a_reduce_scatter(meshes):
+    """XLA:TPU reduces fsdp's gradients in a kCustom fusion calling %all-reduce-scatter.N;
+    the book counts it as a reduce-scatter, with a reduce-scatter's bytes."""
+    from spmd_guide.core import hlo
+
+    text = compare.probe_program("async", meshes[1])
+    assert "calls=%all-reduce-scatter" in text
+    fused = [op for op in hlo.collectives_in_text(text)
+             if hlo.is_reduce_scatter_fusion(op.computation)]
+    assert fused and {op.kind for op in fused} == {"reduce-scatter"}
+    for op in fused:
+        assert op.bytes_sent == hlo.ring_bytes("reduce-scatter", op.buffer_bytes, 8)
