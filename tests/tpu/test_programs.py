@@ -94,3 +94,26 @@ def test_xla_sizes_are_binary_without_libtpu(text, expected):
 def test_xla_bytes_refuses_what_xla_does_not_print_without_libtpu(bad):
     with pytest.raises(checks.InputError, match="text"):
         programs.xla_bytes(bad)
+
+
+def test_small_fsdp_and_tp_sp_all_reduce_where_the_designs_reduce_scatter():
+    """tpu/strategies: at TRANSFORMER's widths XLA:TPU all-reduces fsdp's whole gradients in
+    one op and tp_sp's activations, with no reduce-scatter in either program."""
+    fsdp = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2")
+    assert hlo.count_kinds(fsdp.collectives)["reduce-scatter"] == 0
+    widest = max((op for op in fsdp.collectives if op.kind == "all-reduce"),
+                 key=lambda op: len(op.buffers))
+    assert (256, 64) in [b.shape for b in widest.buffers]  # a whole d_model x d_ff gradient
+    tp_sp = programs.compile_strategy("transformer", "tp_sp", "v4:2x2x2")
+    assert hlo.count_kinds(tp_sp.collectives)["reduce-scatter"] == 0
+
+
+@pytest.mark.slow
+def test_wider_fsdp_has_the_same_kinds_in_other_numbers():
+    wide = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2", d_model=1024, d_ff=4096)
+    small = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2")
+    assert wide.row()["collectives"] == programs.WIDE_FSDP_V5P
+    assert set(hlo.count_kinds(wide.collectives).items()) != set(
+        hlo.count_kinds(small.collectives).items())
+    assert {k for k, n in hlo.count_kinds(wide.collectives).items() if n} == {
+        k for k, n in hlo.count_kinds(small.collectives).items() if n}

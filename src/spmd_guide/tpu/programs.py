@@ -26,7 +26,7 @@ from spmd_guide.rooflines import hardware, roofline
 from spmd_guide.tpu.topology import chip_key, topology_devices
 from spmd_guide.transformer import lm, pricing, transformer
 
-__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
+__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "WIDE_FSDP_V5P", "DoesNotFit", "Program",
            "available_hbm", "compile_strategy", "fit_row", "xla_bytes"]
 
 #: The transformer Part XIV compiles by default: wide enough that its AdamW state decides
@@ -35,6 +35,10 @@ __all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
 #: time grows with the arrays' sizes (a 4096-wide model takes ten times as long).
 TRANSFORMER = dict(vocab=128, d_model=64, n_heads=8, d_ff=256, n_layers=1, seq_len=32)
 TRANSFORMER_BATCH = 8
+#: ``fsdp``'s collectives on v5p:2x2x2 at d_model 1024 and d_ff 4096 (TRANSFORMER otherwise),
+#: as XLA:TPU (libtpu 0.0.50.1) writes them: the same kinds as at TRANSFORMER's widths, in
+#: other numbers. Too slow to compile on a page; ``tests/tpu/test_programs.py`` recompiles it.
+WIDE_FSDP_V5P = "15 all-gather, 1 all-reduce"
 #: Part IV's MLP at widths whose float32 weights (2.1e9 parameters, 8 GiB) and gradients do
 #: not fit one 16 GiB v5e chip together: [batch 256] x 32768, two layers.
 MLP_SIZES = (32768,) * 3
