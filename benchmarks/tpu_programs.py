@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     from jax.sharding import AxisType
 
     from spmd_guide.core import results
-    from spmd_guide.tpu import compare, kept, programs, schedule, topology
+    from spmd_guide.tpu import compare, kept, programs, topology
 
     why = topology.unavailable()
     if why:
