@@ -114,7 +114,7 @@ class Program:
 
 
 def _us(seconds: float) -> str:
-    """Microseconds; XLA:TPU's estimate is sometimes negative (no estimate): shown as such."""
+    """Microseconds; a negative `optimal_seconds` is shown as "none given", not as a time."""
     return f"{seconds * 1e6:.3g} µs" if seconds >= 0 else "none given"
 
 
