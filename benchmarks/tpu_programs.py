@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
     from jax.sharding import AxisType
 
     from spmd_guide.core import results
-    from spmd_guide.tpu import compare, kept, programs, schedule, topology
+    from spmd_guide.tpu import compare, kept, programs, topology
 
     why = topology.unavailable()
     if why:
@@ -38,8 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         "fit": [programs.fit_row("mlp", n, "v5e:2x4") for n in fit_names],
         "strategies": [p.row() for p in steps],
         "costs": [p.cost_row() for p in steps],
-        "overlap": [o.row() for o in schedule.async_collectives(
-            compare.probe_program("async", mesh))],
+        "overlap": compare.overlap_rows(compare.probe_program("async", mesh)),
         "compare": compare.compare("v5e:2x4"),
     }
     import importlib.metadata

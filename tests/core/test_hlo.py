@@ -470,3 +470,71 @@ def test_a_collective_wrapped_in_async_start_is_counted_once():
     (op,) = hlo.collectives_in_text(ASYNC_WRAPPED)
     assert (op.kind, op.group_size, op.computation) == ("reduce-scatter", 4, "async_rs")
     assert op.bytes_sent == 3 * 16 * F32 // 4
+
+
+# XLA:TPU's reduce-scatter: a kCustom fusion calling %all-reduce-scatter.N, which all-reduces
+# its inputs and keeps each device's slice (trimmed from a compiled v5e program).
+TPU_REDUCE_SCATTER = """\
+HloModule m, num_partitions=8
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%all-reduce-scatter.3 (input_0: f32[512,1024], input_1: f32[1024,512]) -> (f32[64,1024], f32[128,512]) {
+  %input_0 = f32[512,1024]{1,0} parameter(0)
+  %input_1 = f32[1024,512]{1,0} parameter(1)
+  %all-reduce.10 = (f32[512,1024]{1,0}, f32[1024,512]{1,0}) all-reduce(%input_0, %input_1), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  %get-tuple-element = f32[512,1024]{1,0} get-tuple-element(%all-reduce.10), index=0
+  %partition-id.7 = u32[] partition-id()
+  %constant.78 = u32[] constant(64)
+  %multiply.14 = u32[] multiply(%partition-id.7, %constant.78)
+  %constant.79 = u32[] constant(0)
+  %dynamic-slice.16 = f32[64,1024]{1,0} dynamic-slice(%get-tuple-element, %multiply.14, %constant.79), dynamic_slice_sizes={64,1024}
+  %get-tuple-element.2 = f32[1024,512]{1,0} get-tuple-element(%all-reduce.10), index=1
+  %constant.80 = u32[] constant(128)
+  %multiply.15 = u32[] multiply(%partition-id.7, %constant.80)
+  %dynamic-slice.18 = f32[128,512]{1,0} dynamic-slice(%get-tuple-element.2, %multiply.15, %constant.79), dynamic_slice_sizes={128,512}
+  ROOT %tuple.3 = (f32[64,1024]{1,0}, f32[128,512]{1,0}) tuple(%dynamic-slice.16, %dynamic-slice.18)
+}
+
+%all-reduce.1 (a: f32[64]) -> f32[64] {
+  %a = f32[64]{0} parameter(0)
+  ROOT %ar = f32[64]{0} all-reduce(%a), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+}
+
+ENTRY %main (g0: f32[512,1024], g1: f32[1024,512], b: f32[64]) -> (f32[64,1024], f32[128,512], f32[64]) {
+  %g0 = f32[512,1024]{1,0} parameter(0)
+  %g1 = f32[1024,512]{1,0} parameter(1)
+  %b = f32[64]{0} parameter(2)
+  %fusion.24 = (f32[64,1024]{1,0}, f32[128,512]{1,0}) fusion(%g0, %g1), kind=kCustom, calls=%all-reduce-scatter.3
+  %fusion.25 = f32[64]{0} fusion(%b), kind=kCustom, calls=%all-reduce.1
+  %r0 = f32[64,1024]{1,0} get-tuple-element(%fusion.24), index=0
+  %r1 = f32[128,512]{1,0} get-tuple-element(%fusion.24), index=1
+  ROOT %out = (f32[64,1024]{1,0}, f32[128,512]{1,0}, f32[64]{0}) tuple(%r0, %r1, %fusion.25)
+}
+"""
+
+
+def test_xla_tpu_reduce_scatter_fusion_counts_as_a_reduce_scatter():
+    """The all-reduce inside %all-reduce-scatter.N is a reduce-scatter: (n-1)/n of its
+    inputs on the wire, not an all-reduce's 2(n-1)/n; a plain all-reduce stays one."""
+    ops = hlo.collectives_in_text(TPU_REDUCE_SCATTER)
+    (rs,) = [op for op in ops if op.computation == "all-reduce-scatter.3"]
+    (ar,) = [op for op in ops if op.computation == "all-reduce.1"]
+    assert (rs.kind, rs.group_size, rs.computation) == ("reduce-scatter", 8,
+                                                        "all-reduce-scatter.3")
+    assert rs.shape == ((512, 1024), (1024, 512))
+    assert rs.bytes_sent == 7 * (2 * 512 * 1024 * F32) // 8
+    assert (ar.kind, ar.bytes_sent) == ("all-reduce", 2 * 7 * 64 * F32 // 8)
+    assert hlo.count_kinds([rs, ar])["reduce-scatter"] == 1
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("all-reduce-scatter", True), ("all-reduce-scatter.3", True),
+    ("all-reduce-scatter.3.clone.1", True), ("all-reduce.3", False),
+    ("my-all-reduce-scatter.3", False), ("all-reduce-scatterer", False)])
+def test_is_reduce_scatter_fusion_matches_xla_tpu_names_only(name, expected):
+    assert hlo.is_reduce_scatter_fusion(name) is expected

@@ -49,6 +49,10 @@ def test_published_figures_as_read():
     assert hardware.CHIPS["tpu-v4"].hbm_bytes == 32 * 2**30
     assert hardware.CHIPS["tpu-v5p"].hbm_bytes == 95 * 2**30
     assert "32 GiB" in hardware.CHIPS["tpu-v4"].cite["hbm_bytes"]
+    # v5e's and v6e's "16 GB"/"32 GB" are binary too: XLA:TPU's out-of-memory limit says so.
+    assert hardware.CHIPS["tpu-v5e"].hbm_bytes == 16 * 2**30
+    assert hardware.CHIPS["tpu-v6e"].hbm_bytes == 32 * 2**30
+    assert "15.75G" in hardware.CHIPS["tpu-v5e"].cite["hbm_bytes"]
 
 
 def _write(tmp_path, text):

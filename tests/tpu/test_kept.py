@@ -31,3 +31,7 @@ def test_bad_arguments_without_libtpu():
         kept.rows("speed", list, folder=RESULTS)
     with pytest.raises(checks.InputError):
         kept.rows("fit", 3, folder=RESULTS)
+
+
+def test_the_default_folder_is_the_checkouts_kept_results_without_libtpu():
+    assert all((kept.FOLDER / name).is_file() for name in kept.FILES.values())

@@ -15,11 +15,16 @@ def test_replicated_weights_do_not_fit_a_v5e_chip_and_fsdp_does():
     assert err.value.available == "15.75G"
     assert float(err.value.needed.rstrip("G")) > 15.75
     row = programs.fit_row("mlp", "dp", "v5e:2x4")
-    assert row["fits"].startswith("no") and row["memory per device"].startswith("needs")
+    # XLA's G is GiB: the limit it prints is 15.75 x 2^30 B, and the row's units agree.
+    assert programs.available_hbm("v5e:2x4") == 15.75 * 2**30
+    assert row["fits"].startswith("no") and float(row["GiB per device"]) > 15.75
+    assert float(row["of the 15.75 GiB usable"].rstrip("%")) > 100
     fsdp = programs.compile_strategy("mlp", "fsdp", "v5e:2x4")
     assert fsdp.chip == "tpu-v5e"
     assert 0 < fsdp.memory.peak_bytes < fsdp.hbm_bytes
-    assert programs.fit_row("mlp", "fsdp", "v5e:2x4")["fits"] == "yes"
+    fits = programs.fit_row("mlp", "fsdp", "v5e:2x4")
+    assert fits["fits"] == "yes"
+    assert float(fits["GiB per device"]) == round(fsdp.memory.peak_bytes / 2**30, 2)
     assert hlo.count_kinds(fsdp.collectives)["reduce-scatter"] > 0
 
 
@@ -76,3 +81,39 @@ def test_negative_estimates_are_shown_as_none_given_without_libtpu():
     assert programs._us(-1.2e-5) == "none given"
     assert programs._us(2.5e-5) == "25 µs"
     assert programs._us(1.234e-8) == "0.0123 µs"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("15.75G", 15.75 * 2**30), ("512M", 512 * 2**20), ("3K", 3072), ("12", 12.0),
+    (" 1.5T ", 1.5 * 2**40)])
+def test_xla_sizes_are_binary_without_libtpu(text, expected):
+    assert programs.xla_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "15.75 GB", "G", "-1G", "1e9"])
+def test_xla_bytes_refuses_what_xla_does_not_print_without_libtpu(bad):
+    with pytest.raises(checks.InputError, match="text"):
+        programs.xla_bytes(bad)
+
+
+def test_small_fsdp_and_tp_sp_all_reduce_where_the_designs_reduce_scatter():
+    """tpu/strategies: at TRANSFORMER's widths XLA:TPU all-reduces fsdp's whole gradients in
+    one op and tp_sp's activations, with no reduce-scatter in either program."""
+    fsdp = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2")
+    assert hlo.count_kinds(fsdp.collectives)["reduce-scatter"] == 0
+    widest = max((op for op in fsdp.collectives if op.kind == "all-reduce"),
+                 key=lambda op: len(op.buffers))
+    assert (256, 64) in [b.shape for b in widest.buffers]  # a whole d_model x d_ff gradient
+    tp_sp = programs.compile_strategy("transformer", "tp_sp", "v4:2x2x2")
+    assert hlo.count_kinds(tp_sp.collectives)["reduce-scatter"] == 0
+
+
+@pytest.mark.slow
+def test_wider_fsdp_has_the_same_kinds_in_other_numbers():
+    wide = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2", d_model=1024, d_ff=4096)
+    small = programs.compile_strategy("transformer", "fsdp", "v5p:2x2x2")
+    assert wide.row()["collectives"] == programs.WIDE_FSDP_V5P
+    assert set(hlo.count_kinds(wide.collectives).items()) != set(
+        hlo.count_kinds(small.collectives).items())
+    assert {k for k, n in hlo.count_kinds(wide.collectives).items() if n} == {
+        k for k, n in hlo.count_kinds(small.collectives).items() if n}

@@ -37,7 +37,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -66,6 +66,7 @@ __all__ = [
     "KINDS", "Collective", "MemoryStats", "Report", "chain_id", "collective_counts",
     "collectives",
     "collectives_in_text", "communication_bytes", "compile", "compiled_text", "count_kinds",
+    "is_reduce_scatter_fusion",
     "format_bytes", "memory_per_device", "report", "ring_bytes",
 ]
 
@@ -244,10 +245,25 @@ def chain_id(instruction: Instruction) -> str | None:
     return match.group(1) if match else None
 
 
+_REDUCE_SCATTER_FUSION = re.compile(r"all-reduce-scatter(\.[\w.]*)?")
+
+
+def is_reduce_scatter_fusion(computation: str) -> bool:
+    """Whether ``computation`` is the body of XLA:TPU's reduce-scatter fusion.
+
+    XLA:TPU writes a reduce-scatter as ``fusion(...), kind=kCustom,
+    calls=%all-reduce-scatter.N`` (emitter ``AllReduceScatterFusion``): a computation that
+    all-reduces its inputs and keeps, on each device, its own slice (a ``dynamic-slice`` at
+    ``partition-id()`` times the slice's size). The all-reduce inside it is one reduce-scatter:
+    it sends (n-1)/n of its input under the ring model, not the all-reduce's 2(n-1)/n."""
+    return _REDUCE_SCATTER_FUSION.fullmatch(checks.text("computation", computation)) is not None
+
+
 def collectives_in_text(text: str | jax.stages.Compiled) -> list[Collective]:
     """Every collective op in an HLO module's text (or compiled program), once each, in
     program order. A collective XLA:TPU runs as a chain of async fusions (:func:`chain_id`)
-    counts once, from the first copy the program holds."""
+    counts once, from the first copy the program holds; the all-reduce in XLA:TPU's
+    reduce-scatter fusion (:func:`is_reduce_scatter_fusion`) counts as a reduce-scatter."""
     module = parse_module(program_text(text))
     found = []
     chains: set[str] = set()
@@ -261,7 +277,11 @@ def collectives_in_text(text: str | jax.stages.Compiled) -> list[Collective]:
                     if chain in chains:
                         continue
                     chains.add(chain)
-                found.append(_collective(instruction, computation, table, module))
+                op = _collective(instruction, computation, table, module)
+                if op.kind == "all-reduce" and is_reduce_scatter_fusion(computation):
+                    op = replace(op, kind="reduce-scatter", bytes_sent=ring_bytes(
+                        "reduce-scatter", op.buffer_bytes, op.group_size))
+                found.append(op)
     return found
 
 

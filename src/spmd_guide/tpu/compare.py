@@ -27,7 +27,8 @@ from spmd_guide.core.hlo_text import parse_module, reachable
 from spmd_guide.tpu import schedule
 from spmd_guide.tpu.topology import tpu_mesh
 
-__all__ = ["CLAIMS", "Claim", "compare", "probe_program"]
+__all__ = ["CLAIMS", "WEIGHT_SHAPES", "Claim", "compare", "gathers", "overlap_rows",
+           "probe_program"]
 
 _WIDTHS = (512, 1024, 1024, 512)
 _BATCH = 256
@@ -113,6 +114,35 @@ def hlo_module_from(module: Any, root: str) -> set[str]:
     return seen
 
 
+#: The probes' weight shapes: a gather whose gathered shape is one of them gathers a weight;
+#: any other gathers activations (a batch of rows).
+WEIGHT_SHAPES: frozenset[tuple[int, int]] = frozenset(zip(_WIDTHS[:-1], _WIDTHS[1:], strict=True))
+
+
+def gathers(shape: tuple[int, ...] | str) -> str:
+    """``"weight"`` if a gather's full (gathered) ``shape`` is a probe's weight shape,
+    ``"activations"`` otherwise. ``shape`` may be HLO text such as ``"bf16[1024,512]"``."""
+    if isinstance(shape, str):
+        dims = re.search(r"\[([\d,]*)\]", shape)
+        if dims is None:
+            raise checks.InputError(f"shape={shape!r} is not an HLO shape such as 'f32[8,4]'.")
+        shape = tuple(int(d) for d in dims.group(1).split(",") if d)
+    return "weight" if tuple(shape) in WEIGHT_SHAPES else "activations"
+
+
+def _gathers_in_loop(program: str) -> str:
+    """Where an accumulation loop's all-gathers run, weights and activations apart."""
+    inside = _loop_computations(program)
+    ops = [op for op in hlo.collectives_in_text(program) if op.kind == "all-gather"
+           and op.buffer_bytes >= 1024]
+    parts = []
+    for what in ("weight", "activations"):
+        mine = [op for op in ops if gathers(op.shape) == what]
+        n_in = sum(op.computation in inside for op in mine)
+        parts.append(f"{what} gathers: {n_in} in the loop, {len(mine) - n_in} outside")
+    return "; ".join(parts)
+
+
 def _in_loop(program: str, kind: str) -> str:
     inside = _loop_computations(program)
     ops = [op for op in hlo.collectives_in_text(program) if op.kind == kind
@@ -155,7 +185,7 @@ CLAIMS: tuple[Claim, ...] = (
           lambda t: _in_loop(t, "all-reduce")),
     Claim("accumulation_fsdp", "accumulation (fsdp): the weight gathers are hoisted out of the loop",
           "flax_nnx/training (accumulation)", P("data", None), jnp.float32, _MICROBATCHES,
-          lambda t: _in_loop(t, "all-gather")),
+          _gathers_in_loop),
     Claim("combining", "dp: every gradient's reduction is combined into one op",
           "flax_nnx/training, profiling/tracing", P(), jnp.float32, 1, _reductions),
     Claim("async", "collectives block: no -start/-done pairs, no overlap with compute",
@@ -177,6 +207,21 @@ def probe_program(claim: Claim | str, mesh: Mesh, *,
     for key in options:
         checks.text("a compiler option's name", key)
     return fn.trace(*args).lower().compile(options or None).as_text()
+
+
+def overlap_rows(program: str) -> list[dict[str, Any]]:
+    """:func:`spmd_guide.tpu.schedule.async_collectives` of a probe's program, each row with
+    what its collective carries: a weight or activations (for a gather, by
+    :func:`gathers`), gradients (for a reduction of more than a scalar), else ``"-"``."""
+    rows = []
+    for o in schedule.async_collectives(program):
+        row = o.row()
+        big = o.buffer and not o.buffer.endswith("[]")
+        row["carries"] = (gathers(o.buffer) if o.kind == "all-gather" and big else
+                          "gradients" if o.kind in ("all-reduce", "reduce-scatter") and big
+                          else "-")
+        rows.append(row)
+    return rows
 
 
 def compare(topology: str = "v5e:2x4", *, cpu_devices: Any = None) -> list[dict[str, str]]:

@@ -15,7 +15,7 @@ from typing import Any
 from spmd_guide.core import checks, results
 from spmd_guide.tpu.topology import unavailable
 
-__all__ = ["FILES", "rows"]
+__all__ = ["FILES", "FOLDER", "rows"]
 
 #: Each table of Part XIV and the file its last kept result lives in.
 FILES: dict[str, str] = {
@@ -24,17 +24,23 @@ FILES: dict[str, str] = {
 }
 
 
+#: Where ``benchmarks/tpu_programs.py`` keeps its tables in a checkout of the book.
+FOLDER = pathlib.Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
 def rows(table: str, compute: Callable[[], Sequence[dict[str, Any]]], *,
-         folder: str | pathlib.Path) -> tuple[list[dict[str, Any]], str]:
+         folder: str | pathlib.Path | None = None) -> tuple[list[dict[str, Any]], str]:
     """``(rows, note)``: ``compute()`` and ``""`` where XLA:TPU is available; otherwise the
-    kept rows of ``table`` from ``folder`` and a note that says why, and which run made them
-    (the command, its date, JAX's version)."""
+    kept rows of ``table`` from ``folder`` (the checkout's ``benchmarks/results`` unless
+    given) and a note that says why, and which run made them (the command, its date, JAX's
+    version)."""
     name = checks.one_of("table", table, FILES)
     checks.function("compute", compute)
+    where = FOLDER if folder is None else checks.path("folder", folder)
     why = unavailable()
     if not why:
         return list(compute()), ""
-    run = results.load(checks.path("folder", folder) / FILES[name])
+    run = results.load(where / FILES[name])
     env = run.environment
     libtpu = run.settings.get("libtpu", "?")
     return list(run.rows), (

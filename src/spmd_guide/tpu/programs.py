@@ -26,17 +26,21 @@ from spmd_guide.rooflines import hardware, roofline
 from spmd_guide.tpu.topology import chip_key, topology_devices
 from spmd_guide.transformer import lm, pricing, transformer
 
-__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "DoesNotFit", "Program",
-           "compile_strategy", "fit_row"]
+__all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "WIDE_FSDP_V5P", "DoesNotFit", "Program",
+           "available_hbm", "compile_strategy", "fit_row", "xla_bytes"]
 
 #: The transformer Part XIV compiles by default: wide enough that its AdamW state decides
-#: whether a strategy fits a 16 GB v5e chip, two blocks deep so that a compile stays short.
+#: whether a strategy fits a 16 GiB v5e chip, two blocks deep so that a compile stays short.
 #: The transformer Part XIV compiles for every strategy: small, because XLA:TPU's compile
 #: time grows with the arrays' sizes (a 4096-wide model takes ten times as long).
 TRANSFORMER = dict(vocab=128, d_model=64, n_heads=8, d_ff=256, n_layers=1, seq_len=32)
 TRANSFORMER_BATCH = 8
-#: Part IV's MLP at widths whose float32 weights (2.1e9 parameters, 8.6 GB) and gradients do
-#: not fit one 16 GB v5e chip together: [batch 256] x 32768, two layers.
+#: ``fsdp``'s collectives on v5p:2x2x2 at d_model 1024 and d_ff 4096 (TRANSFORMER otherwise),
+#: as XLA:TPU (libtpu 0.0.50.1) writes them: the same kinds as at TRANSFORMER's widths, in
+#: other numbers. Too slow to compile on a page; ``tests/tpu/test_programs.py`` recompiles it.
+WIDE_FSDP_V5P = "15 all-gather, 1 all-reduce"
+#: Part IV's MLP at widths whose float32 weights (2.1e9 parameters, 8 GiB) and gradients do
+#: not fit one 16 GiB v5e chip together: [batch 256] x 32768, two layers.
 MLP_SIZES = (32768,) * 3
 MLP_BATCH = 256
 
@@ -110,7 +114,7 @@ class Program:
 
 
 def _us(seconds: float) -> str:
-    """Microseconds; XLA:TPU's estimate is sometimes negative (no estimate): shown as such."""
+    """Microseconds; a negative `optimal_seconds` is shown as "none given", not as a time."""
     return f"{seconds * 1e6:.3g} µs" if seconds >= 0 else "none given"
 
 
@@ -140,18 +144,57 @@ def compile_strategy(family: str, strategy: str, topology: str, *,
             "of HBM available.", needed=match.group(2), available=match.group(3)) from None
 
 
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def xla_bytes(text: str) -> float:
+    """Bytes of a size as XLA:TPU prints it in its out-of-memory message (``"15.75G"``).
+
+    XLA's K, M, G are binary (KiB, MiB, GiB): it compiles a 16.2e9-byte program for one v5e
+    chip and refuses a 17.0e9-byte one as "15.83G exceeds available HBM (15.75G)"."""
+    match = re.fullmatch(r"([\d.]+)([KMGT]?)", checks.text("text", text).strip())
+    if not match:
+        raise checks.InputError(f"text={text!r} is not a size as XLA prints it ('15.75G').")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@functools.cache
+def available_hbm(topology: str) -> float:
+    """Bytes of one chip's HBM that XLA:TPU lets a program of ``topology`` use: compiles a
+    program twice the chip's nominal HBM and reads the limit from XLA:TPU's refusal."""
+    devices = topology_devices(topology)
+    sharding = jax.sharding.SingleDeviceSharding(devices[0])
+    n = int(hardware.get_chip(chip_key(devices)).hbm_bytes) // 4
+    double = jax.jit(lambda x: x * 2, in_shardings=sharding, out_shardings=sharding)
+    try:
+        double.lower(jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding)).compile()
+    except jax.errors.JaxRuntimeError as error:
+        match = _OOM.search(str(error))
+        if match:
+            return xla_bytes(match.group(3))
+        raise
+    raise RuntimeError(f"XLA:TPU compiled a program of twice the HBM of {topology}'s chip.")
+
+
 def fit_row(family: str, strategy: str, topology: str, **sizes: Any) -> dict[str, Any]:
-    """One row of "does it fit": the compiled program's memory per device against the chip's
-    HBM, or, where XLA:TPU refuses to compile, what it needs and what the chip has."""
+    """One row of "does it fit": the program's memory per device (GiB) against the HBM that
+    XLA:TPU lets a program use (:func:`available_hbm`), or, where XLA:TPU refuses to compile
+    it, what its error says it needs."""
+    available = available_hbm(topology)
     try:
         program = compile_strategy(family, strategy, topology, **sizes)
     except DoesNotFit as error:
-        return {"strategy": strategy, "collectives": "-", "memory per device":
-                f"needs {error.needed}", "of HBM": f"over {error.available}",
+        needed = xla_bytes(error.needed)
+        return {"strategy": strategy, "collectives": "-",
+                "GiB per device": f"{needed / 2**30:.2f}",
+                f"of the {available / 2**30:.2f} GiB usable":
+                    f"{needed / available:.1%}",
                 "fits": "no: XLA:TPU refuses to compile it"}
     row = program.row()
+    peak = program.memory.peak_bytes
     return {"strategy": strategy, "collectives": row["collectives"],
-            "memory per device": row["memory per device"], "of HBM": row["of HBM"],
+            "GiB per device": f"{peak / 2**30:.2f}",
+            f"of the {available / 2**30:.2f} GiB usable": f"{peak / available:.1%}",
             "fits": "yes"}
 
 

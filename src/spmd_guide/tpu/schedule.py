@@ -70,22 +70,30 @@ def _has_matmul(name: str, module: Module, seen: set[str] | None = None) -> bool
     return False
 
 
-def _chains_in(instruction: Instruction, module: Module) -> list[tuple[str, Instruction, str]]:
-    """(chain key, collective op, role) for each collective this ENTRY instruction holds."""
+def _chains_in(instruction: Instruction, module: Module
+               ) -> list[tuple[str, Instruction, str, str]]:
+    """(chain key, collective op, role, kind) for each collective this ENTRY instruction
+    holds. XLA:TPU's reduce-scatter fusion (:func:`spmd_guide.core.hlo.is_reduce_scatter_fusion`)
+    is one synchronous reduce-scatter."""
     if instruction.opcode in _OPCODES:
         role = "start" if instruction.opcode.endswith("-start") else "sync"
-        return [(hlo.chain_id(instruction) or instruction.name, instruction, role)]
+        return [(hlo.chain_id(instruction) or instruction.name, instruction, role,
+                 _OPCODES[instruction.opcode])]
     if instruction.opcode in _DONES and instruction.operands:
-        return [(instruction.operands[0], instruction, "done")]
+        return [(instruction.operands[0], instruction, "done", instruction.opcode[:-5])]
     found = []
     for called in _called(instruction, module):
         body = module.computations[called]
         root = body[-1].line if body else ""
         for op in body:
             if op.opcode in _OPCODES:
+                kind = _OPCODES[op.opcode]
+                if kind == "all-reduce" and hlo.is_reduce_scatter_fusion(called):
+                    found.append((op.name, op, "sync", "reduce-scatter"))
+                    continue
                 role = ("start" if "AsyncCollectiveStart" in root else
                         "done" if "AsyncCollectiveDone" in root else "fused")
-                found.append((hlo.chain_id(op) or op.name, op, role))
+                found.append((hlo.chain_id(op) or op.name, op, role, kind))
     return found
 
 
@@ -95,22 +103,21 @@ def async_collectives(program: str | jax.stages.Compiled) -> list[Overlap]:
     module = parse_module(program_text(program))
     entry = module.computations[module.entry]
     table = {i.name: i for i in entry}
-    starts: dict[str, tuple[int, Instruction]] = {}
+    starts: dict[str, tuple[int, Instruction, str]] = {}
     dones: dict[str, int] = {}
     fused: dict[str, int] = {}
     for position, instruction in enumerate(entry):
-        for key, op, role in _chains_in(instruction, module):
+        for key, op, role, kind in _chains_in(instruction, module):
             if role in ("start", "sync") or key not in starts:
-                starts.setdefault(key, (position, op))
+                starts.setdefault(key, (position, op, kind))
             if role in ("done", "sync"):
                 dones[key] = position
             if role == "fused" and _has_matmul_instr(instruction, module):
                 fused[key] = fused.get(key, 0) + 1
     matmul_at = [_has_matmul_instr(i, module) for i in entry]
     found = []
-    for key, (start, op) in starts.items():
+    for key, (start, op, kind) in starts.items():
         done = dones.get(key, start)
-        kind = _OPCODES.get(op.opcode, op.opcode)
         buffer = ", ".join(str(b) for b in op.result[:1]) if op.opcode in _OPCODES else ""
         if op.opcode.endswith("-start") and op.operands and op.operands[0] in table:
             buffer = ", ".join(str(b) for b in table[op.operands[0]].result[:1])

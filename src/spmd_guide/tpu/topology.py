@@ -98,7 +98,7 @@ def topology_devices(topology: str) -> list[jax.Device]:
     """The compile-only devices of the TPU slice ``topology`` (``"v5e:2x4"``), one per chip
     (per core on v3), in the order ``get_topology_desc`` gives them.
 
-    Raises ``InputError`` for a name XLA:TPU does not know (listing the known forms) and
+    Raises ``InputError`` with libtpu's reason for a slice it cannot describe and
     ``RuntimeError`` where the TPU compiler is not available (:func:`unavailable`)."""
     generation, name = _check_name(topology)
     why = unavailable()
@@ -120,7 +120,8 @@ def _devices(generation: str, name: str) -> tuple[jax.Device, ...]:
         forms = "; ".join(GENERATIONS.values())
         reason = str(error).split(": ", 1)[-1]
         raise checks.InputError(
-            f"XLA:TPU does not know the slice {name!r} ({reason}); known forms: {forms}."
+            f"libtpu cannot describe the slice {name!r}: {reason} (slices this book "
+            f"compiles for: {forms})."
         ) from None
     return tuple(description.devices)
 
