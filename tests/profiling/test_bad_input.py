@@ -174,7 +174,7 @@ def test_a_hand_built_trace_checks_its_fields():
 
 def test_a_trace_on_fewer_devices_than_the_program_spans_is_refused():
     """Same names, same module: only the device count tells the two compilations apart."""
-    from test_tracing import _PROGRAM, _events
+    from .test_tracing import _PROGRAM, _events
 
     assert tracing.device_count_of(_PROGRAM) == 2
     assert tracing.Trace.from_events(_events(), _PROGRAM).devices == [0, 1]
