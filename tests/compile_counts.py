@@ -2,7 +2,7 @@
 
 ``SPMD_COMPILE_COUNTS=<file>`` appends one JSON line per test phase to ``<file>``.<worker>:
 the test's id, its phase (``collect`` for a module's import, ``setup``/``call``/``teardown``),
-the number of backend compiles (JAX's ``/jax/core/compile/backend_compile_duration`` event,
+the number of backend compiles and the compiled functions' names (JAX's ``/jax/core/compile/backend_compile_duration`` event,
 which also fires on a persistent-cache hit, so counts do not depend on the cache), how many of
 them the persistent cache answered (on a cold cache: a program the other worker compiled
 first), the seconds they took, and the phase's wall time. Compile counts do not depend on the machine's load, wall
@@ -32,6 +32,7 @@ class Counter:
         import jax.monitoring
 
         self.hits = 0
+        self.names: list[str] = []
         jax.monitoring.register_event_duration_secs_listener(self._on)
         jax.monitoring.register_event_listener(self._on_event)
 
@@ -39,18 +40,20 @@ class Counter:
         if event == "/jax/compilation_cache/cache_hits":  # a program loaded, not compiled
             self.hits += 1
 
-    def _on(self, event: str, duration: float, **_kwargs) -> None:
+    def _on(self, event: str, duration: float, **kwargs) -> None:
         name = EVENTS.get(event)
         if name is None:
             return
         self.secs[name] += duration
         if name == "compile_s":
             self.n += 1
+            self.names.append(str(kwargs.get("fun_name", "?")))
 
     def take(self) -> dict:
         now = time.perf_counter()
         row = {"compiles": self.n, "cache_hits": self.hits, "wall_s": round(now - self.t0, 4),
-               **{k: round(v, 4) for k, v in self.secs.items()}}
+               **{k: round(v, 4) for k, v in self.secs.items()}, "names": self.names}
+        self.names = []
         self.n, self.hits, self.secs, self.t0 = 0, 0, defaultdict(float), now
         return row
 
