@@ -44,14 +44,7 @@ def reference(name: str, x: np.ndarray, n: int) -> np.ndarray:
     raise AssertionError(name)
 
 
-# The 4-device case of every example is in the slow sweep: the quick suite checks each example
-# on 4 devices against the same reference in
-# test_every_function_that_takes_a_mesh_works_on_both_axis_types[Explicit] (an axis of 4 of a
-# 2-axis mesh), and the slow sweep there adds the Auto mesh.
-SIZES_QUICK_2_8 = [2, pytest.param(4, marks=pytest.mark.slow), 8]
-
-
-@pytest.mark.parametrize("n", SIZES_QUICK_2_8)
+@pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("name", list(collectives.EXAMPLES))
 def test_each_example_matches_numpy(name, n):
     x, result = collectives.run_example(name, mesh_of(n))
@@ -65,7 +58,7 @@ def test_examples_cover_every_collective_the_chapter_teaches():
                                "psum_scatter_tiled", "ppermute", "all_to_all", "axis_index"}
 
 
-@pytest.mark.parametrize("n", SIZES_QUICK_2_8)  # 4 devices: the Explicit test, as above
+@pytest.mark.parametrize("n", SIZES)
 def test_block_sums_and_global_sum(n):
     x = np.arange(4 * n, dtype=np.float32)
     np.testing.assert_allclose(collectives.block_sums(x, mesh_of(n)), x.reshape(n, -1).sum(1))
