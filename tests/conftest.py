@@ -20,6 +20,17 @@ from helpers import DEVICES
 sys.dont_write_bytecode = False
 
 
+def pytest_configure(config):
+    """``SPMD_COMPILE_COUNTS=<file>``: record each test's XLA compiles (``compile_counts``)."""
+    import os
+
+    path = os.environ.get("SPMD_COMPILE_COUNTS")
+    if path:
+        from compile_counts import Plugin
+
+        config.pluginmanager.register(Plugin(path), "spmd_compile_counts")
+
+
 @pytest.fixture(scope="session")
 def devices():
     """The session's 8 CPU devices."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 
@@ -193,28 +194,33 @@ def test_exercise_he_scaling_keeps_activations_in_range_unit_scaling_does_not():
 
 # --------------------------------------------------------------------------- bad input
 
-_P = nn.init_mlp(jax.random.key(0), [4, 8, 1])
+@functools.cache
+def _p():
+    """The bad-input cases' parameters, made on first use (not at import, which both workers pay)."""
+    return nn.init_mlp(jax.random.key(0), [4, 8, 1])
+
+
 _X = np.ones((6, 4), np.float32)
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
     # silent wrong answers before: a 1-D y broadcast to [B, B]; wider targets; labels
-    (lambda: nn.mlp_loss(_P, (_X, np.ones(6, np.float32))), checks.InputError, "shape (6, 1)"),
-    (lambda: nn.mlp_loss(_P, (_X, np.ones((6, 3), np.float32))), checks.InputError, "(6, 1)"),
-    (lambda: nn.mlp_loss(_P, {"x": _X, "y": _X}), checks.InputTypeError, "pair (x, y)"),
-    (lambda: nn.mlp_loss(_P, (np.ones((6, 5)), np.ones((6, 1)))), checks.InputError, "4 input"),
-    (lambda: nn.predict(_P, np.ones((6, 3))), checks.InputError, "4 input"),
+    (lambda: nn.mlp_loss(_p(), (_X, np.ones(6, np.float32))), checks.InputError, "shape (6, 1)"),
+    (lambda: nn.mlp_loss(_p(), (_X, np.ones((6, 3), np.float32))), checks.InputError, "(6, 1)"),
+    (lambda: nn.mlp_loss(_p(), {"x": _X, "y": _X}), checks.InputTypeError, "pair (x, y)"),
+    (lambda: nn.mlp_loss(_p(), (np.ones((6, 5)), np.ones((6, 1)))), checks.InputError, "4 input"),
+    (lambda: nn.predict(_p(), np.ones((6, 3))), checks.InputError, "4 input"),
     (lambda: nn.predict("params", _X), checks.InputTypeError, "(W, b) pairs"),
     (lambda: nn.predict([(np.ones((4, 8)), np.ones(7))], _X), checks.InputError, "b has 7"),
-    (lambda: nn.cross_entropy_loss(_P3, (_X, np.array([0, 1, 2, 3, 0, 1]))),
+    (lambda: nn.cross_entropy_loss(_p3(), (_X, np.array([0, 1, 2, 3, 0, 1]))),
      checks.InputError, "class ids in [0, 3)"),
-    (lambda: nn.cross_entropy_loss(_P3, (_X, np.array([0, -1, 2, 0, 0, 1]))),
+    (lambda: nn.cross_entropy_loss(_p3(), (_X, np.array([0, -1, 2, 0, 0, 1]))),
      checks.InputError, "class ids"),
-    (lambda: nn.cross_entropy_loss(_P3, (_X, np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1, 2]])),
+    (lambda: nn.cross_entropy_loss(_p3(), (_X, np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1, 2]])),
      checks.InputError, "one-hot"),
-    (lambda: nn.cross_entropy_loss(_P3, (_X, np.zeros(6, np.float32))),
+    (lambda: nn.cross_entropy_loss(_p3(), (_X, np.zeros(6, np.float32))),
      checks.InputTypeError, "integer"),
-    (lambda: nn.sgd_update(_P, _P, learning_rate=-0.1), checks.InputError, "positive"),
+    (lambda: nn.sgd_update(_p(), _p(), learning_rate=-0.1), checks.InputError, "positive"),
     (lambda: nn.make_sgd_step(nn.mlp_loss, learning_rate=float("inf")), checks.InputError, "finite"),
     (lambda: nn.make_sgd_step(nn.mlp_loss, learning_rate="0.1"), checks.InputTypeError, "real"),
     (lambda: nn.make_sgd_step(3, learning_rate=0.1), checks.InputTypeError, "function"),
@@ -225,7 +231,7 @@ _X = np.ones((6, 4), np.float32)
     (lambda: nn.init_mlp(1.5, [4, 2]), checks.InputTypeError, "random key"),
     (lambda: nn.init_mlp(jax.random.split(jax.random.key(0)), [4, 2]), checks.InputError, "one key"),
     (lambda: nn.make_regression_batch(jax.random.key(0), 0, 4, 2), checks.InputError, "batch_size"),
-    (lambda: nn.train(lambda p, b: (p, 0.0), _P, (_X, _X), steps=0), checks.InputError, "steps"),
+    (lambda: nn.train(lambda p, b: (p, 0.0), _p(), (_X, _X), steps=0), checks.InputError, "steps"),
     (lambda: nn.param_bytes_per_device([(np.ones(2), np.ones(2))]), checks.InputTypeError, "jax.Array"),
 ])
 def test_bad_input_gets_a_clear_error(call, error, word):
@@ -233,7 +239,9 @@ def test_bad_input_gets_a_clear_error(call, error, word):
         call()
 
 
-_P3 = nn.init_mlp(jax.random.key(0), [4, 8, 3])
+@functools.cache
+def _p3():
+    return nn.init_mlp(jax.random.key(0), [4, 8, 3])
 
 
 def test_valid_inputs_that_used_to_fail():
@@ -246,7 +254,7 @@ def test_valid_inputs_that_used_to_fail():
 
 def test_traced_out_of_range_labels_give_nan_not_another_class():
     labels = jnp.array([0, 1, 2, 5, 0, 1])
-    assert np.isnan(float(jax.jit(nn.cross_entropy_loss)(_P3, (_X, labels))))
+    assert np.isnan(float(jax.jit(nn.cross_entropy_loss)(_p3(), (_X, labels))))
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -339,8 +340,16 @@ def test_without_pinning_the_step_can_drift():
 
 # --------------------------------------------------------------------------- bad input
 
-_BAD_PARAMS = nn.init_mlp(jax.random.key(0), [8, 16, 8])
-_BAD_BATCH = nn.make_regression_batch(jax.random.key(1), 16, 8, 8)
+@functools.cache
+def _bad_params():
+    """The bad-input cases' parameters and batch, made on first use (not at import, which
+    both workers pay)."""
+    return nn.init_mlp(jax.random.key(0), [8, 16, 8])
+
+
+@functools.cache
+def _bad_batch():
+    return nn.make_regression_batch(jax.random.key(1), 16, 8, 8)
 
 
 @pytest.mark.parametrize(("call", "error", "word"), [
@@ -350,14 +359,14 @@ _BAD_BATCH = nn.make_regression_batch(jax.random.key(1), 16, 8, 8)
     (lambda s, m: s.mesh(8), checks.InputTypeError, "list of jax.Device"),
     (lambda s, m: s.mesh([0, 1]), checks.InputTypeError, "jax.Device objects"),
     (lambda s, m: s.mesh(m), checks.InputTypeError, "list(mesh.devices.flat)"),
-    (lambda s, m: s.shard(_BAD_PARAMS, {"x": _BAD_BATCH[0], "y": _BAD_BATCH[1]}, m),
+    (lambda s, m: s.shard(_bad_params(), {"x": _bad_batch()[0], "y": _bad_batch()[1]}, m),
      checks.InputTypeError, "batch['x']"),
-    (lambda s, m: s.shard(_BAD_PARAMS, _BAD_BATCH, "mesh"), checks.InputTypeError, "Mesh"),
-    (lambda s, m: s.shard("params", _BAD_BATCH, m), checks.InputTypeError, "(W, b) pairs"),
-    (lambda s, m: s.shard(_BAD_PARAMS, (_BAD_BATCH[0], _BAD_BATCH[1][:, :3]), m),
+    (lambda s, m: s.shard(_bad_params(), _bad_batch(), "mesh"), checks.InputTypeError, "Mesh"),
+    (lambda s, m: s.shard("params", _bad_batch(), m), checks.InputTypeError, "(W, b) pairs"),
+    (lambda s, m: s.shard(_bad_params(), (_bad_batch()[0], _bad_batch()[1][:, :3]), m),
      checks.InputError, "(16, 8)"),
-    (lambda s, m: s.sgd_step(m, _BAD_PARAMS, learning_rate=0), checks.InputError, "positive"),
-    (lambda s, m: s.loss(m)(_BAD_PARAMS, (_BAD_BATCH[0][:, :3], _BAD_BATCH[1])),
+    (lambda s, m: s.sgd_step(m, _bad_params(), learning_rate=0), checks.InputError, "positive"),
+    (lambda s, m: s.loss(m)(_bad_params(), (_bad_batch()[0][:, :3], _bad_batch()[1])),
      checks.InputError, "8 input features"),
 ])
 def test_bad_input_gets_a_clear_error(call, error, word):

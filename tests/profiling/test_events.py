@@ -43,12 +43,14 @@ def test_a_trace_folder_is_listed_and_read(tmp_path):
     assert tracing.read_events is events.read_events  # the face the pages use
 
 
+# mtime=0: the bytes (and so the test ids) must not depend on the second each pytest worker
+# collects in, or xdist refuses the run ("Different tests were collected between gw0 and gw1").
 @pytest.mark.parametrize("content, match", [
     (b"not gzip at all", "damaged"),
-    (gzip.compress(b"{not json"), "damaged"),
-    (gzip.compress(b'{"displayTimeUnit": "ns"}'), "traceEvents"),
-    (gzip.compress(b'{"traceEvents": [1, 2]}'), "traceEvents"),
-    (gzip.compress(b"[]"), "traceEvents"),
+    (gzip.compress(b"{not json", mtime=0), "damaged"),
+    (gzip.compress(b'{"displayTimeUnit": "ns"}', mtime=0), "traceEvents"),
+    (gzip.compress(b'{"traceEvents": [1, 2]}', mtime=0), "traceEvents"),
+    (gzip.compress(b"[]", mtime=0), "traceEvents"),
 ])
 def test_a_damaged_trace_file_is_named(tmp_path, content, match):
     path = _trace_folder(tmp_path) / "host.trace.json.gz"

@@ -116,6 +116,10 @@ def test_8_devices_non_square_float32_exact_and_within_tolerance(name):
     assert np.all(np.abs(np.asarray(out, np.float64) - a @ b) <= bound)
 
 
+# Slow sweep only: the quick suite makes the same claim on more cases in
+# test_random_shapes_and_meshes_give_the_product_or_the_packages_error (any shape on six meshes,
+# the 2-device ring among them: the exact product wherever the split is even).
+@pytest.mark.slow
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(NAMES), m=st.integers(1, 3), k=st.integers(1, 3),
        n=st.integers(1, 9))
@@ -496,7 +500,10 @@ def test_random_shapes_and_meshes_give_the_product_or_the_packages_error(
 
 
 
-@pytest.mark.parametrize("ring", [2, 4, 8])
+# The quick suite runs the 4-device ring; the 2- and 8-device rings (each two unrolled ring
+# programs to compile) are in the slow sweep.
+@pytest.mark.parametrize("ring", [pytest.param(2, marks=pytest.mark.slow), 4,
+                                  pytest.param(8, marks=pytest.mark.slow)])
 def test_fused_bidi_runs_one_full_size_dot_per_step(ring):
     """Lesson 9: allgather_bidi runs two half-size dots per step, allgather_bidi_fused one
     full-size dot, on the same bytes sent; both equal lhs @ rhs."""

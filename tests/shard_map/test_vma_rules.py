@@ -94,7 +94,7 @@ def test_all_to_all_shapes(k):
     assert shape((2 * k, 5), 0, 0, True) == (2 * k, 5)
 
 
-@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4])  # 2: slow sweep
 def test_untiled_all_to_all_moves_slot_d_to_device_d(k):
     mesh = mesh_of(k)
     x = np.arange(k * k * 3, dtype=np.float32).reshape(k, k, 3)  # device i holds x[i]
