@@ -64,8 +64,11 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
         options = {"xla_dump_to": str(folder), "xla_dump_hlo_pass_re": "spmd-partitioning"}
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
-    return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
-                                       logical._place_tokens(model, tokens)).compile(options)
+    lowered = logical._step_program.lower(graphdef, opt_graphdef, state, opt_state,
+                                          microbatches, logical._place_tokens(model, tokens))
+    # hlo.compile, the book's one compile step: a compile that asks for a dump compiles
+    # afresh, not from the persistent compile cache (a loaded program writes no dump).
+    return hlo.compile(lowered, compiler_options=options or None)
 
 
 def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
