@@ -239,7 +239,7 @@ def matmul_partitioning(name: str, mesh: Mesh, *, m: int = 16, k: int = 32,
     axes the sharded contraction would be a type error that asks for ``out_sharding``
     (Part II's explicit-sharding chapter shows it).
     """
-    checks.one_of("matmul case", name, MATMUL_CASES)
+    checks.one_of("matmul case name", name, MATMUL_CASES)
     checks.axis(mesh, "a", name="the mesh's first axis")
     checks.axis(mesh, "b", name="the mesh's second axis")
     mesh = Mesh(mesh.devices, mesh.axis_names,

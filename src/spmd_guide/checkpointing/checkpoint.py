@@ -73,9 +73,7 @@ class DamagedCheckpointError(checks.InputError):
 def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> pathlib.Path:
     """``directory`` as an absolute path; refuses what is not a path, an empty or blank
     path (it would mean the current directory) and a file."""
-    path = checks.path(name, directory, what="a path to a directory").expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        raise checks.InputError(f"{name} {str(path)!r} is a file, not a directory.")
+    path = checks.directory(name, directory, must_exist=False)
     if must_exist and not path.exists():
         raise checks.InputError(
             f"{name} {str(path)!r} does not exist: there is no checkpoint to restore.")
@@ -89,6 +87,10 @@ def _step(step: Any) -> int:
 def _state_leaves(state: Any) -> Any:
     """``state`` with every leaf an array (NumPy scalars and Python numbers become 0-d).
     ``None`` is an empty subtree, as in JAX (optax states have some)."""
+    if not jax.tree.structure(state, is_leaf=lambda x: x is None).num_nodes > 1:
+        raise checks.InputTypeError(
+            f"state must be a pytree of arrays (a dict, a list...), got one leaf "
+            f"{checks.value_text(state)}; wrap a single array, e.g. {{'x': x}}.")
     if not _leaves("state", state):
         raise checks.InputError(f"state must hold at least one array, got "
                                 f"{checks.value_text(state)}.")

@@ -52,11 +52,13 @@ def is_traced(value: Any) -> bool:
 
 
 def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints
-    included; not ``bool``) in ``[minimum, maximum]``."""
+    """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints and
+    concrete 0-d NumPy/JAX integer arrays such as ``jnp.int32(4)`` included; not ``bool``) in
+    ``[minimum, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iu":
-            value = value.item()
+        if (isinstance(value, (np.ndarray, jax.Array)) and not is_traced(value)
+                and value.ndim == 0 and _kind(value.dtype) in "iu"):
+            value = value.item()  # a NumPy or concrete JAX integer scalar is an integer
         else:
             raise InputTypeError(
                 f"{name} must be an integer, got {value_text(value)} ({type(value).__name__}).")
@@ -322,6 +324,23 @@ def path(name: str, value: Any, *, what: str = "a path") -> pathlib.Path:
         raise InputError(f"{name} must not be empty, got {value_text(value)}: an empty path "
                          f"would mean the current directory; name it explicitly (e.g. './out').")
     return pathlib.Path(text_)
+
+
+def directory(name: str, value: Any, *, must_exist: bool, what: str = "a directory"
+              ) -> pathlib.Path:
+    """``value`` (checked by :func:`path`) as an absolute path to a directory: never a file,
+    nor a path below a file; with ``must_exist``, one that exists. Reads nothing else and
+    creates nothing, so a refused call leaves the disk as it was."""
+    found = path(name, value, what=f"a path to {what}").expanduser().absolute()
+    if found.exists() and not found.is_dir():
+        raise InputError(f"{name} {str(found)!r} is a file, not {what}.")
+    above = next((p for p in found.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"{name} {str(found)!r} lies below {str(above)!r}, which is a file, "
+                         f"not a directory.")
+    if must_exist and not found.exists():
+        raise InputError(f"{name} {str(found)!r} does not exist.")
+    return found
 
 
 def text(name: str, value: Any, *, empty: bool = False) -> str:

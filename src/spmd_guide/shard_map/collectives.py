@@ -333,7 +333,7 @@ EXAMPLES: dict[str, CollectiveExample] = {
 
 def example(name: str) -> CollectiveExample:
     """The worked example called ``name``; a clear error listing the names otherwise."""
-    return EXAMPLES[checks.one_of("collective example", name, EXAMPLES)]
+    return EXAMPLES[checks.one_of("collective example name", name, EXAMPLES)]
 
 
 # --------------------------------------------------------------------------------------
