@@ -6,7 +6,6 @@ Explicit axes) the plain value's answer."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import pytest
 from battery import Array, Axis, Choice, Count, Key, MeshArg, Real, call, check, test_cases
 from helpers import mesh_of

@@ -309,7 +309,8 @@ def dump_dot(fn: Callable[..., Any], *args: Any,
     ``*.<backend>_after_optimizations.dot`` into ``directory``. Rendering
     them needs Graphviz (``dot -Tsvg``), which this book does not require.
     """
-    directory = Path(directory)
+    checks.function("fn", fn)
+    directory = checks.directory("directory", directory, must_exist=False)
     directory.mkdir(parents=True, exist_ok=True)
     before = set(directory.glob("*.dot"))
     hlo.compile(fn, *args, compiler_options={

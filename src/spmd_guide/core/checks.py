@@ -109,6 +109,17 @@ def real(name: str, value: Any, *, positive: bool = False, minimum: float | None
     return number
 
 
+def dimension(name: str, value: Any, ndim: int) -> int:
+    """An index of one of ``ndim`` dimensions, as NumPy takes it (``-1`` is the last; NumPy
+    and concrete JAX integer scalars are integers), returned in ``[0, ndim)``."""
+    try:
+        index = count(name, value, minimum=-ndim, maximum=ndim - 1)
+    except InputError as error:
+        raise type(error)(f"{error} {name} picks one of the {ndim} dimension(s): an integer "
+                          f"in [-{ndim}, {ndim}).") from None
+    return index % ndim
+
+
 def divisible(what: str, size: int, divisor: int, *, why: str = "") -> None:
     """The one even-split check: ``size`` must split into ``divisor`` equal parts.
 
