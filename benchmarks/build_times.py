@@ -17,11 +17,21 @@ The pages are the ones the build reads (``_toc.yml``). Measured, one after anoth
   (strict, ``-W -n --keep-going``): every page executed;
 - **rebuild, nothing changed**; **rebuild after editing one page** (a code cell appended to
   the first page, then taken out again); **rebuild after editing a package module** (a comment
-  appended to ``--module``): the pages it re-executed against the pages that import the module;
-- **tests**: the README's test command (``pytest``).
+  appended to ``--module``, ``core/devices.py`` unless told: every page imports it, so every
+  page runs again, loading its programs from the build's compile cache): the pages it
+  re-executed against the pages that import the module, and its time against the build from
+  nothing;
+- **tests, first run**: the README's test command (``pytest``) as in a fresh clone after the
+  build: the compile cache (``_build/jax_cache``) holds only what the build put there, and the
+  tests' bytecode caches are removed; **tests, second run**: the same command again (warm).
 
-Budgets (2-core reference machine): each page under 15 s, the build at most 1.15 x the plain
-scripts, a one-page rebuild at most 30 s, the test suite at most 60 s.
+The pages and the plain scripts run without the compile cache (``SPMD_COMPILE_CACHE`` is
+removed from their environment): they are what a reader's first run costs.
+
+Budgets (2-core reference machine, issue "Fast as it grows"): each page under 15 s, the build
+at most 0.80 x the plain scripts, a one-page rebuild at most 30 s, a rebuild after editing a
+``core`` module at most 0.5 x the build from nothing, the tests' first run at most 60 s and
+their second at most 30 s.
 """
 
 from __future__ import annotations
@@ -40,9 +50,13 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE_BUDGET_S = 15.0
-BUILD_RATIO_BUDGET = 1.15
+BUILD_RATIO_BUDGET = 0.80
 REBUILD_BUDGET_S = 30.0
+CORE_REBUILD_RATIO_BUDGET = 0.5
 TEST_BUDGET_S = 60.0
+TEST_AGAIN_BUDGET_S = 30.0
+#: The environment variable that turns on the compile cache (spmd_guide.core.compile_cache).
+COMPILE_CACHE_ENV = "SPMD_COMPILE_CACHE"
 
 
 def chapters() -> list[Path]:
@@ -136,7 +150,7 @@ def with_edit(path: Path, addition: str, action):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chapters", action="store_true", help="only time the pages")
-    parser.add_argument("--module", default="src/spmd_guide/shard_map/collectives.py",
+    parser.add_argument("--module", default="src/spmd_guide/core/devices.py",
                         help="the package module edited for the rebuild measurement")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also save the table and its provenance (spmd_guide.core.results)")
@@ -145,6 +159,9 @@ def main() -> None:
 
     from spmd_guide import ensure_devices
 
+    # Pages and scripts time a reader's first run: no compile cache in their kernels. The
+    # build sets it for its own kernels (book/_ext/parallel_execute.py), the tests for theirs.
+    os.environ.pop(COMPILE_CACHE_ENV, None)
     ensure_devices(8)   # the environment recorded with --json is the pages' own
     pages = [p for p in chapters() if has_code(p)]
     rows = []
@@ -176,7 +193,10 @@ def main() -> None:
     timed(build)
     expected = pages_importing(module)
     rerun = executed_pages(module_log)
+    for cache in ROOT.glob("tests/**/__pycache__"):   # a fresh clone has none
+        shutil.rmtree(cache)
     test_s, _ = timed([sys.executable, "-m", "pytest", "-q"])
+    again_s, _ = timed([sys.executable, "-m", "pytest", "-q"])
 
     first_name = str(first.relative_to(ROOT / "book").with_suffix(""))
     summary = [
@@ -195,10 +215,15 @@ def main() -> None:
          else "NO"},
         {"what": f"rebuild after editing {args.module} ({len(rerun)} of the "
                  f"{len(expected)} pages that import it re-executed)",
-         "seconds": round(module_s, 1), "budget": "every importing page",
-         "ok": "yes" if rerun == expected else "NO"},
-        {"what": "tests (pytest)", "seconds": round(test_s, 1),
+         "seconds": round(module_s, 1),
+         "budget": f"every importing page; <= {CORE_REBUILD_RATIO_BUDGET} x build",
+         "ok": "yes" if rerun == expected
+         and module_s <= CORE_REBUILD_RATIO_BUDGET * build_s else "NO"},
+        {"what": "tests (pytest), first run after the build", "seconds": round(test_s, 1),
          "budget": f"<= {TEST_BUDGET_S:.0f} s", "ok": "yes" if test_s <= TEST_BUDGET_S else "NO"},
+        {"what": "tests (pytest), second run", "seconds": round(again_s, 1),
+         "budget": f"<= {TEST_AGAIN_BUDGET_S:.0f} s",
+         "ok": "yes" if again_s <= TEST_AGAIN_BUDGET_S else "NO"},
     ]
     print(tabulate(summary, headers="keys"))
     if args.json:

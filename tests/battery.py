@@ -368,7 +368,7 @@ def anything(a: Any, b: Any) -> bool:
     return True
 
 
-def test_cases(calls: list[Call]) -> list[Any]:
+def params(calls: list[Call]) -> list[Any]:
     """pytest parameters, one per case, with readable ids."""
     import pytest
 

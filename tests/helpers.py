@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # the suite's time). It changes only machine-code generation, not the HLO passes that decide
 # shardings and collectives, which is what the tests pin.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+
+# One persistent compile cache for the book's build and the tests, in the checkout's _build/
+# (spmd_guide.core.compile_cache): both pytest workers, the subprocesses they start and a
+# second run load the programs compiled before instead of compiling them again. The flag above
+# is part of every program's key, so the tests' programs never stand in for the pages'.
+# SPMD_COMPILE_CACHE=off runs the tests without it.
+from spmd_guide.core import compile_cache  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault(compile_cache.ENV, str(compile_cache.default_directory(ROOT)))
 
 from spmd_guide import ensure_devices  # noqa: E402
 

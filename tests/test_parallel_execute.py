@@ -1,5 +1,6 @@
 """book/_ext/parallel_execute.py: which package files a page depends on, the fingerprint that
-decides re-execution, and (slow) a small book built, rebuilt and rebuilt after a module edit."""
+decides re-execution, and (slow) a small book built, rebuilt and rebuilt after a module edit,
+its kernels sharing the build's compile cache."""
 
 from __future__ import annotations
 
@@ -107,10 +108,12 @@ def test_a_rebuild_executes_exactly_what_changed(tmp_path):
     (probe / "spmd_guide" / "__init__.py").write_text("")
     (probe / "spmd_guide" / "base.py").write_text("VALUE = 1\n")
     (probe / "spmd_guide" / "top.py").write_text("from spmd_guide.base import VALUE\n")
-    (book / "intro.md").write_text(_page("Intro", "print('intro')"))
+    (book / "intro.md").write_text(_page(
+        "Intro", "import os\nprint('intro', os.environ.get('SPMD_COMPILE_CACHE'))"))
     (book / "a" / "one.md").write_text(_page("One", "from spmd_guide.top import VALUE\nprint(VALUE)"))
     (book / "a" / "two.md").write_text(_page("Two", "print('two')"))
     env = dict(os.environ, PYTHONPATH=str(probe), SPMD_BUILD_JOBS="2")
+    env.pop("SPMD_COMPILE_CACHE", None)   # the tests' own: the build must set its own
     jupyter_book = str(Path(sys.executable).with_name("jupyter-book"))
 
     def build() -> set[str]:
@@ -121,6 +124,9 @@ def test_a_rebuild_executes_exactly_what_changed(tmp_path):
                 if line.startswith("parallel_execute:") and "executed in" in line}
 
     assert build() == {"intro", "a/one", "a/two"}
+    # Every kernel the build starts shares the build's compile cache, in _build/.
+    intro = (tmp_path / "_build" / "html" / "intro.html").read_text()
+    assert str(tmp_path.resolve() / "_build" / "jax_cache") in intro
     assert build() == set()
     (book / "a" / "two.md").write_text(_page("Two", "print('two, edited')"))
     assert build() == {"a/two"}

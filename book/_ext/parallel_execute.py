@@ -16,6 +16,12 @@ followed through the package's own imports (``import spmd_guide`` itself brings 
 The cache records that fingerprint with each run, and pages whose fingerprint changed are handed
 back to Sphinx as outdated, so a rebuild never shows the output of old code. A fresh clone (or
 ``rm -rf _build``) has no cache, so every page runs.
+
+The pages share one persistent compile cache, ``_build/jax_cache`` (``SPMD_COMPILE_CACHE``, set
+here for every kernel the build starts unless it is set already; ``off`` turns it off): a page
+that runs again loads the programs its last run compiled instead of compiling them anew.
+``spmd_guide.core.compile_cache`` says what a loaded program keeps (everything a page shows)
+and how the pages that time a compile keep timing a real one.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from sphinx.util import logging
 
 LOGGER = logging.getLogger(__name__)
 PACKAGE = "spmd_guide"
+#: The environment variable that turns on the compile cache (spmd_guide.core.compile_cache.ENV;
+#: not imported, so that the build's own process does not load JAX).
+COMPILE_CACHE_ENV = "SPMD_COMPILE_CACHE"
 #: Installed distributions whose version is part of every page's fingerprint.
 DISTRIBUTIONS = ("jax", "jaxlib", "numpy", "optax", "orbax-checkpoint")
 
@@ -149,6 +158,12 @@ def _execute(payload: tuple[str, str, int | None, bool]) -> tuple[str, float, st
     return nbformat.writes(notebook), result.time, error
 
 
+def compile_cache_folder(app: Sphinx) -> Path:
+    """``_build/jax_cache``: beside the site (``_build/html``) and the execution cache, so that
+    ``rm -rf _build`` clears it."""
+    return Path(app.outdir).resolve().parent / "jax_cache"
+
+
 def jobs() -> int:
     """Worker processes: ``SPMD_BUILD_JOBS`` if set, else the machine's cores."""
     value = os.environ.get("SPMD_BUILD_JOBS", "")
@@ -213,6 +228,9 @@ def execute_outdated(app: Sphinx, env: Any, added: set[str], changed: set[str],
     # Longest first (by the last run's time), so two workers finish together.
     todo.sort(key=lambda item: -previous.get(str(env.doc2path(item[0])), 1e9))
     workers = min(jobs(), len(todo))
+    # Kernels inherit the environment: every page (and myst-nb's own run of a failed one)
+    # compiles into, and loads from, the build's compile cache.
+    os.environ.setdefault(COMPILE_CACHE_ENV, str(compile_cache_folder(app)))
     LOGGER.info(f"parallel_execute: executing {len(todo)} page(s) on {workers} worker(s)")
     payloads = [(nbformat.writes(nb), str(Path(env.doc2path(doc)).parent),
                  config.execution_timeout, config.execution_allow_errors)

@@ -23,7 +23,7 @@ from battery import (
     anything,
     call,
     check,
-    test_cases,
+    params,
 )
 from helpers import mesh_of
 
@@ -65,7 +65,7 @@ CALLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -73,6 +73,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("uneven.padded", "uneven.returned_layout")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

@@ -21,7 +21,7 @@ from battery import (
     anything,
     call,
     check,
-    test_cases,
+    params,
 )
 from helpers import mesh_of
 from jax.sharding import NamedSharding
@@ -115,7 +115,7 @@ CALLS = READERS + WRITERS + TREES
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -123,6 +123,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in READERS if c.label in ("checkpoint.latest_step", "anatomy.listing")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_paths_quick(c, arg, tag):
     check(c, arg, tag)

@@ -87,6 +87,15 @@ def test_names_and_stored_form_are_orbaxs():
              "o": optax.adam(1e-3).init({"w": _x()})}
     assert [names.leaf_name(p) for p, _ in names.named_leaves("state", state)] == [
         "l.0", "m.mu", "m.nu", "n.w", "o.0.count", "o.0.mu.w", "o.0.nu.w"]
+    # The kind of each container: a list or tuple index is [i], a key or a field is .name.
+    assert [names.structure_name(p) for p, _ in names.named_leaves("state", state)] == [
+        "l[0]", "m.mu", "m.nu", "n.w", "o[0].count", "o[0].mu.w", "o[0].nu.w"]
+    as_list, as_dict = ({"blocks": [{"w": _x()}]}, {"blocks": {0: {"w": _x()}}})
+    (p_list, _), (p_dict, _) = jax.tree_util.tree_leaves_with_path(as_list) + \
+        jax.tree_util.tree_leaves_with_path(as_dict)
+    assert names.leaf_name(p_list) == names.leaf_name(p_dict) == "blocks.0.w"  # Orbax's
+    assert (names.structure_name(p_list), names.structure_name(p_dict)) == ("blocks[0].w",
+                                                                           "blocks.0.w")
     keys = jax.random.split(jax.random.key(0), 8)
     stored = names.physical(jax.ShapeDtypeStruct((8,), keys.dtype, sharding=NamedSharding(
         mesh_of(8), P("x"))))
@@ -106,3 +115,56 @@ def test_every_pytree_kind_round_trips(tmp_path):
     assert jax.tree.structure(back) == jax.tree.structure(state)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("path", [("a", "b"), "a.b", ["a"], (0,), None, b"a"])
+def test_a_name_needs_a_key_path(path):
+    """A tuple of strings is not a key path: leaf_name(('a', 'b')) would say 'ab'."""
+    for name in (names.leaf_name, names.structure_name):
+        with pytest.raises(InputTypeError, match="key path"):
+            name(path)
+
+
+def _snapshot(directory):
+    return sorted((str(p.relative_to(directory)), p.stat().st_size, p.stat().st_mtime_ns)
+                  for p in directory.rglob("*"))
+
+
+@pytest.mark.parametrize(("saved", "wrong"), [
+    ({"blocks": [_x(), _x() + 1]}, {"blocks": {0: _x(), 1: _x() + 1}}),
+    ({"blocks": {0: _x(), 1: _x() + 1}}, {"blocks": [_x(), _x() + 1]}),
+    ({"blocks": (_x(), _x() + 1)}, {"blocks": {"0": _x(), "1": _x() + 1}})])
+def test_a_target_of_another_structure_is_the_callers_mistake_not_damage(tmp_path, saved,
+                                                                         wrong):
+    """Orbax names a list index and a dict key alike (blocks.0) but restores one into the
+    other only within its kind: the restore refuses the target and shows both structures; it
+    never calls the sound checkpoint damaged or suggests deleting it."""
+    checkpoint.save(tmp_path, saved, step=1)
+    before = _snapshot(tmp_path)
+    sharding = NamedSharding(mesh_of(2), P())
+    shapes = functools.partial(jax.tree.map, lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=sharding))
+    for call in (lambda: checkpoint.restore(tmp_path, like=shapes(wrong)),
+                 lambda: anatomy.read_summary(tmp_path, like=shapes(wrong))):
+        with pytest.raises(InputError, match="structure differs") as info:
+            call()
+        text = str(info.value)
+        assert not isinstance(info.value, checkpoint.DamagedCheckpointError)
+        assert "blocks[0]" in text and "blocks.0" in text and "intact" in text
+        assert "delete" not in text and "damaged" not in text
+    assert _snapshot(tmp_path) == before  # nothing on disk changed
+    back = checkpoint.restore(tmp_path, like=shapes(saved))  # the right target reads it
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert checkpoint.saved_structure(tmp_path) == sorted(
+        names.structure_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(saved))
+
+
+def test_orbaxs_own_structure_complaint_is_not_damage(tmp_path):
+    """The safety net behind the check: Orbax's structure mismatch, if it ever reaches the
+    reader, is an InputError that says the checkpoint is intact."""
+    checkpoint.save(tmp_path, {"w": _x()}, step=1)
+    with pytest.raises(InputError, match="intact") as info:
+        with checkpoint._reading(tmp_path, 1):
+            raise ValueError(checkpoint._STRUCTURE_MISMATCH + " structures do not match")
+    assert not isinstance(info.value, checkpoint.DamagedCheckpointError)

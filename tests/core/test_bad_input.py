@@ -10,7 +10,7 @@ import tempfile
 
 import jax.numpy as jnp
 import pytest
-from battery import Choice, Count, PathArg, Real, Text, anything, call, check, test_cases
+from battery import Choice, Count, PathArg, Real, Text, anything, call, check, params
 
 from spmd_guide.core import devices, display, hlo, results, timing
 
@@ -43,7 +43,7 @@ CALLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -51,6 +51,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("hlo.ring_bytes", "timing.ratio_words")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

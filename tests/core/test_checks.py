@@ -3,6 +3,8 @@ and refuses bad ones with an error that names the argument, the value and the fi
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -32,6 +34,10 @@ def test_divisible_accepts_exact_multiples_and_names_the_fix(parts, divisor):
 def test_good_values_come_back_normalised():
     assert checks.count("n", np.int64(3)) == 3 and type(checks.count("n", np.int64(3))) is int
     assert checks.count("n", np.array(5)) == 5
+    assert type(checks.count("n", jax.numpy.int32(4))) is int  # a JAX scalar, concrete
+    assert checks.count("n", jax.numpy.int32(4)) == 4
+    with pytest.raises(InputTypeError, match="must be an integer"):
+        checks.count("n", jax.random.key(0))
     assert checks.counts("shape", np.array([4, 2])) == (4, 2)
     assert checks.real("lr", np.float32(0.5)) == 0.5 and checks.real("lr", 2) == 2.0
     assert checks.key("key", 3).dtype == jax.random.key(3).dtype
@@ -115,7 +121,9 @@ def test_text_instance_record_structure_and_mesh_axes():
 
 
 @pytest.mark.parametrize(("value", "error"), [
-    ("", InputError), ("  ", InputError), (b"/tmp/x", InputTypeError), (3, InputTypeError),
+    ("", InputError), ("  ", InputError), (pathlib.Path(""), InputError),
+    (pathlib.PurePosixPath(""), InputError), (pathlib.PureWindowsPath(""), InputError),
+    (pathlib.Path("."), InputError), (b"/tmp/x", InputTypeError), (3, InputTypeError),
     (None, InputTypeError), (["a"], InputTypeError)])
 def test_path_refuses_what_is_not_a_named_path(value, error):
     """An empty path would mean the current directory: every package function that writes or
@@ -125,6 +133,7 @@ def test_path_refuses_what_is_not_a_named_path(value, error):
 
 
 def test_path_returns_a_pathlib_path():
-    import pathlib
+    assert checks.path("out", ".") == pathlib.Path(".")  # a string "." names it explicitly
+    assert checks.path("out", pathlib.Path.cwd()) == pathlib.Path.cwd()
     assert checks.path("out", "a/b") == pathlib.Path("a/b")
     assert checks.path("out", pathlib.Path("/tmp")) == pathlib.Path("/tmp")

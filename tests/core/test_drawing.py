@@ -13,7 +13,7 @@ from jax.sharding import AxisType
 
 from spmd_guide.core import drawing, hlo
 from spmd_guide.meshes import show, tpu_ring
-from spmd_guide.nn import profiling
+from spmd_guide.nn import step_costs
 from spmd_guide.shard_map import collectives, ring_costs
 
 SOURCE = Path(drawing.__file__)
@@ -89,7 +89,7 @@ def test_plot_comparison_text_is_readable_in_the_column():
     profile = type("P", (), {"strategy": "dp", "counts": dict.fromkeys(hlo.KINDS, 1),
                              "comm_bytes": 2048, "param_bytes": 4096, "peak_bytes": 8192,
                              "step": timing})()
-    fig = profiling.plot_comparison([profile, profile])
+    fig = step_costs.plot_comparison([profile, profile])
     width, narrowest = _shown(drawing.figure_html(fig))
     assert width <= drawing.COLUMN_PX
     assert drawing.smallest_text_pt(fig) * 96 / 72 * min(width, drawing.COLUMN_PX) / width >= 11

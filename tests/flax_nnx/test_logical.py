@@ -48,7 +48,7 @@ def _host(tree):
 _lm_loss = jax.jit(lm.lm_loss, static_argnames="config")
 
 
-def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
+def check_layout_and_loss(name, n, axis_types, *, part_ix_loss=True):
     mesh = _mesh(name, n, axis_types)
     model = create(CONFIG, strategy=name, mesh=mesh, seed=3)
     params = to_lm_params(model)
@@ -64,7 +64,7 @@ def check_layout_and_loss(name, n, axis_types, *, part_viii_loss=True):
     value = loss(model, tokens())
     np.testing.assert_allclose(value, _lm_loss(_host(params), tokens(), config=CONFIG),
                                rtol=2e-6)
-    if part_viii_loss:
+    if part_ix_loss:
         np.testing.assert_allclose(value, STRATEGIES[name].loss(mesh, CONFIG)(ref, ref_tokens),
                                    rtol=2e-6)
 
@@ -104,7 +104,7 @@ def _reference_step(params, tokens):
 # and 8 devices with both axis types, and the training step with microbatches.
 @pytest.mark.slow
 def test_fsdp_tp_on_explicit_axes_layout_and_loss():
-    check_layout_and_loss("fsdp_tp", 4, "explicit", part_viii_loss=False)
+    check_layout_and_loss("fsdp_tp", 4, "explicit", part_ix_loss=False)
 
 
 SWEEP = [(name, n, kind) for name in RULES for n in (1, 2, 4, 8) for kind in ("auto", "explicit")]
@@ -123,7 +123,7 @@ def test_step_sweep(name, n, axis_types):
 
 
 @pytest.mark.slow
-def test_one_device_model_is_part_viii_model():
+def test_one_device_model_is_part_ix_model():
     model = Model(CONFIG, rngs=nnx.Rngs(0))
     params = to_lm_params(model)
     shapes = jax.tree.map(lambda x: x.shape, params)
@@ -165,10 +165,9 @@ def test_bad_input():
         create({"vocab": 32}, strategy="dp", mesh=mesh)
     with pytest.raises(InputTypeError, match="rngs"):
         Model(CONFIG, rngs=0)
-    # Abstract models and optimizers: every check runs before anything is compiled.
-    model = logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", 1, "auto"))
-    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param),
-                               model)
+    # Every check runs before anything is compiled.
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    optimizer = make_optimizer(model)
     with pytest.raises(InputError, match="microbatches=3"):
         train_step(model, optimizer, tokens(), microbatches=3)
     for k in (0, -2, 1.0, True):
@@ -190,6 +189,11 @@ def test_bad_input():
     other = nnx.eval_shape(lambda m: nnx.Optimizer(m, optax.adamw(1e-3), wrt=nnx.Param), small)
     with pytest.raises(InputError, match="does not track"):
         train_step(model, other, tokens())
+    # An abstract model (shapes only) compiles, it does not run or make an optimizer.
+    for call in (lambda: make_optimizer(small), lambda: loss(small, tokens()),
+                 lambda: train_step(small, other, tokens())):
+        with pytest.raises(InputError, match="model is abstract"):
+            call()
     auto = mesh_of(2, ("data",))
     manual_mixed = jax.make_mesh((2, 1), ("data", "model"), devices=DEVICES[:2],
                                  axis_types=(jax.sharding.AxisType.Auto,
@@ -226,3 +230,63 @@ def test_an_optimizer_made_for_another_model_is_refused():
     for got, want in zip(jax.tree.leaves(to_lm_params(second)), jax.tree.leaves(before),
                          strict=True):
         np.testing.assert_array_equal(np.asarray(got), want)  # nothing was updated
+
+
+def test_a_step_frees_no_array_another_object_holds():
+    """train_step does not donate: arrays shared with a clone, or taken before the step with
+    to_lm_params, stay readable and unchanged; the stepped model has new ones."""
+    model = Model(CONFIG, rngs=nnx.Rngs(0))
+    before = to_lm_params(model)
+    # Copies: a NumPy view of a CPU array would hold its buffer and keep JAX from donating it.
+    saved = jax.tree.map(lambda x: np.array(x, copy=True), before)
+    twin = nnx.clone(model)
+    assert twin.blocks[0].wq.get_value() is model.blocks[0].wq.get_value()  # clone shares
+    train_step(twin, make_optimizer(twin), tokens())
+    train_step(model, make_optimizer(model), tokens())
+    for tree in (before, to_lm_params(nnx.clone(twin))):
+        assert all(not x.is_deleted() for x in jax.tree.leaves(tree))
+    for got, want in zip(jax.tree.leaves(before), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want)  # the old values, still there
+    changed = [not np.array_equal(np.asarray(a), b) for a, b in zip(
+        jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(saved), strict=True)]
+    assert all(changed)
+    for a, b in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(to_lm_params(twin)),
+                    strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same start, same step
+
+
+def check_zero1_step(n, axis_types):
+    """ZeRO-1: a 'dp' model whose AdamW moments are laid out by the 'fsdp' table. One step
+    equals Part IX's one-device AdamW step; the parameters stay whole on every device, the
+    moments stay split over data, as the fsdp table lays them out."""
+    mesh = _mesh("dp", n, axis_types)
+    model = create(CONFIG, strategy="dp", mesh=mesh)
+    before = _host(to_lm_params(model))
+    optimizer = make_optimizer(model, learning_rate=1e-2, state_strategy="fsdp")
+    value = train_step(model, optimizer, tokens(), microbatches=2)
+    ref_loss, want = _reference_step(before, tokens())
+    np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
+    for got, w in zip(jax.tree.leaves(to_lm_params(model)), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5)
+        assert got.sharding.is_fully_replicated
+    split = logical.abstract_model(CONFIG, strategy="fsdp", mesh=mesh)
+    mu = nnx.state(optimizer)["opt_state"][0]["mu"]
+    for m, s in zip(jax.tree.leaves(mu), jax.tree.leaves(nnx.state(split)), strict=True):
+        assert m.sharding.is_equivalent_to(s.sharding, m.ndim)
+    assert n == 1 or not all(m.sharding.is_fully_replicated for m in jax.tree.leaves(mu))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "axis_types"), [(n, k) for n in (1, 2, 4, 8)
+                                               for k in ("auto", "explicit")])
+def test_zero1_step_sweep(n, axis_types):
+    check_zero1_step(n, axis_types)
+
+
+def test_zero1_needs_a_mesh_and_a_table_for_it():
+    with pytest.raises(InputError, match="state_strategy"):
+        make_optimizer(Model(CONFIG, rngs=nnx.Rngs(0)), state_strategy="fsdp")
+    model = create(CONFIG, strategy="dp", mesh=_mesh("dp", 2, "auto"))
+    for bad, word in (("zero1", "unknown strategy"), ("tp", "'model'"), (3, "strategy")):
+        with pytest.raises(InputError, match=word):
+            make_optimizer(model, state_strategy=bad)

@@ -19,7 +19,7 @@ from spmd_guide.flax_nnx.rules import (
 from spmd_guide.transformer.transformer import STRATEGIES
 
 
-def test_tables_list_every_name_and_use_part_viii_axes():
+def test_tables_list_every_name_and_use_part_ix_axes():
     assert {"dp", "fsdp", "tp", "fsdp_tp"} <= set(RULES)
     used = {n for names in (*PARAM_NAMES.values(), *ACTIVATION_NAMES.values()) for n in names}
     assert used == set(NAMES)

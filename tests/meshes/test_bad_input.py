@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from battery import Flag, MeshArg, anything, call, check, test_cases
+from battery import Flag, MeshArg, anything, call, check, params
 from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -33,7 +33,7 @@ CALLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -41,6 +41,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("show.shard_blocks",)]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_flags_quick(c, arg, tag):
     check(c, arg, tag)

@@ -19,7 +19,7 @@ from battery import (
     anything,
     call,
     check,
-    test_cases,
+    params,
 )
 from helpers import mesh_of
 from jax.sharding import NamedSharding
@@ -78,7 +78,7 @@ CALLS = [c for c in CALLS if c.args]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -86,6 +86,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("which_strategy.recommend",)]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax
 import pytest
-from battery import Array, Axis, Choice, Count, Key, MeshArg, Real, call, check, test_cases
+from battery import Array, Axis, Choice, Count, Key, MeshArg, Real, call, check, params
 from helpers import mesh_of
 
 from spmd_guide.pipeline import axes, moe, pipeline, schedules
@@ -108,7 +108,7 @@ CALLS = NUMERIC + ARRAYS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -116,6 +116,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in NUMERIC if c.label in ("axes.Model", "moe.dispatch_buffer_bytes")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

@@ -3,6 +3,7 @@ the compiled program's (jit-sharded and shard_map programs, Auto and Explicit me
 and 8 devices), waits attributed by thread and time, runs ordered by time, bad input refused."""
 
 import functools
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -174,6 +175,9 @@ def test_reading_a_folder_without_a_trace_fails_clearly(tmp_path):
         tracing.read_events(tmp_path)
     with pytest.raises(checks.InputError, match="not a folder"):
         tracing.trace_files(tmp_path / "missing")
+    for empty in ("", pathlib.Path("")):  # not the current directory
+        with pytest.raises(checks.InputError, match="folder must not be empty"):
+            tracing.trace_files(empty)
 
 
 # --------------------------------------------------------------------------- parsing

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from battery import Axis, Count, Flag, Key, MeshArg, Real, call, check, test_cases
+from battery import Axis, Count, Flag, Key, MeshArg, Real, call, check, params
 from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -72,7 +72,7 @@ CALLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -80,6 +80,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("data.epoch_order", "prng.dropout")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_keys_and_numbers_quick(c, arg, tag):
     check(c, arg, tag)

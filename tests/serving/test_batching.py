@@ -106,13 +106,15 @@ def test_sharded_serve_equals_alone(name, n, explicit):
     ({"slots": 0}, checks.InputError, "slots must be at least 1"),
     ({"slots": 2.0}, checks.InputTypeError, "slots must be an integer"),
     ({"max_new_tokens": 0}, checks.InputError, "max_new_tokens must be at least 1"),
-    ({"max_new_tokens": 17}, checks.InputError, "generate at most 16 steps"),
+    ({"max_new_tokens": 17}, checks.InputError, "max_new_tokens=15)"),
     ({"eos_id": 40}, checks.InputError, "eos_id must be at most 39"),
     ({"eos_id": -1}, checks.InputError, "eos_id must be at least 0"),
     ({"config": "C"}, checks.InputTypeError, "Config"),
     ({"strategy": "cp"}, checks.InputError, "cannot run this decode step"),
     ({"strategy": "dp", "slots": 3, "mesh": mesh_of(2, ("data",))}, checks.InputError,
-     "does not split"),
+     "dimension 0 of slots is 3, which does not split"),
+    ({"max_new_tokens": 16}, checks.InputError, "plus max_new_tokens=16"),
+    ({"slots": np.int64(0)}, checks.InputError, "slots must be at least 1"),
     ({"params": {"embed": np.zeros((40, 32))}}, checks.InputError, "params"),
 ])
 def test_bad_input_is_refused(kw, error, words):
@@ -162,11 +164,31 @@ def test_exercise_answers():
 
 
 def test_throughput_rows():
-    runs = {"a": batching.Run([[1]], prefills=1, decode_steps=4, busy=[2, 2, 1, 1])}
-    row, = batching.throughput_rows(runs, step_s=1e-3, chip="x")
+    """Decode steps alone: 6 tokens over 4 decode steps; priced: the 7 tokens (the prefill's
+    first one too) over 1 prefill and 4 decode steps (turn-5 review S3)."""
+    runs = {"a": batching.Run([[1] * 7], prefills=1, decode_steps=4, busy=[2, 2, 1, 1])}
+    row, = batching.throughput_rows(runs, decode_s=1e-3, prefill_s=3e-3, chip="x")
     assert row["tokens per decode step (measured)"] == "1.50"
-    assert row["tokens/s per chip, x (predicted)"] == "1,500"
-    with pytest.raises(checks.InputError, match="positive"):
-        batching.throughput_rows(runs, step_s=0, chip="x")
+    assert row["tokens/s, decode only (x, predicted)"] == "1,500"
+    assert row["tokens/s, all steps (x, predicted)"] == f"{7 / 7e-3:,.0f}"
+    with pytest.raises(checks.InputError, match="decode_s must be positive"):
+        batching.throughput_rows(runs, decode_s=0, prefill_s=1, chip="x")
+    with pytest.raises(checks.InputError, match="prefill_s must be a finite"):
+        batching.throughput_rows(runs, decode_s=1, prefill_s=float("nan"), chip="x")
     with pytest.raises(checks.InputTypeError, match="Run"):
-        batching.throughput_rows({"a": 1}, step_s=1, chip="x")
+        batching.throughput_rows({"a": 1}, decode_s=1, prefill_s=1, chip="x")
+    with pytest.raises(checks.InputTypeError, match="runs must map"):
+        batching.throughput_rows({}, decode_s=1, prefill_s=1, chip="x")
+
+
+def test_a_short_prefill_is_priced_as_a_decode_step():
+    """The batching page's reason continuous batching loses once prefills are priced: on the
+    priced model, a prefill of 4 prompts of 6 tokens and a decode step of 4 rows are both
+    bound by reading the weights, so they cost about the same (within 5%) on an H100."""
+    from spmd_guide.serving import costs
+
+    decode = costs.step_counts("decode", batch=4).estimate("h100-sxm")
+    prefill = costs.step_counts("prefill", batch=4, prompt_len=6).estimate("h100-sxm")
+    for est in (decode, prefill):
+        assert est.memory_s >= max(est.compute_s, est.comm_s), est
+    assert prefill.step_s == pytest.approx(decode.step_s, rel=0.05)

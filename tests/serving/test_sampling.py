@@ -157,3 +157,145 @@ def test_draws_figure_has_alt_text_and_readable_text():
         sampling.draw_rows(LOGITS[0], {"x": 1.0}, key=1, draws=5)
     with pytest.raises(checks.InputTypeError, match="draw_rows"):
         sampling.draws_figure({}, draws=5)
+
+
+# --------------------------------------------------------------------------- turn-5 audit E
+
+
+@pytest.mark.parametrize("temperature", [1e-39, 1e-40, 1e-45, 5e-324])
+def test_subnormal_temperatures_are_refused_everywhere(temperature):
+    """float32-subnormal temperatures are flushed to 0 by XLA:CPU (0/0 = NaN): refused by
+    sampler(), by a directly built Sampler, and so by generate (test_guards)."""
+    with pytest.raises(checks.InputError, match="smallest normal"):
+        sampling.sampler(temperature=temperature, key=0, vocab=24)
+    with pytest.raises(checks.InputError, match="temperature=0 for greedy"):
+        sampling.Sampler(temperature)
+
+
+@pytest.mark.parametrize("temperature", [sampling.MIN_TEMPERATURE, 1e-37, 1e-30, 1e-6])
+def test_tiny_temperatures_draw_the_argmax(temperature):
+    """Shifted before the division, no quotient overflows: every accepted temperature near 0
+    gives one-hot probabilities on the argmax and draws it (review S7: logits 40 and 5)."""
+    logits = np.array([[-1.0, 3.0, 5.0, 4.9], [40.0, -40.0, 0.0, 39.0]], np.float32)
+    for top in ({}, {"top_p": 0.9}, {"top_k": 2}):
+        chosen = sampling.Sampler(temperature, **top)
+        probs = np.asarray(sampling.probabilities(logits, chosen))
+        np.testing.assert_array_equal(probs, np.eye(4)[[2, 0]])
+        for seed in range(2):
+            np.testing.assert_array_equal(
+                np.asarray(sampling.sample(logits, jax.random.key(seed), chosen)), [2, 0])
+
+
+@pytest.mark.parametrize(("fields", "error", "words"), [
+    ((-1.0,), checks.InputError, "temperature must be at least 0"),
+    ((float("nan"),), checks.InputError, "finite"),
+    ((float("inf"),), checks.InputError, "finite"),
+    ((True,), checks.InputTypeError, "real number"),
+    (("1",), checks.InputTypeError, "real number"),
+    ((1.0, 0), checks.InputError, "top_k must be at least 1"),
+    ((1.0, 2.0), checks.InputTypeError, "top_k must be an integer"),
+    ((1.0, True), checks.InputTypeError, "top_k must be an integer"),
+    ((1.0, None, 0.0), checks.InputError, "(0, 1]"),
+    ((1.0, None, 1.5), checks.InputError, "at most 1.0"),
+    ((1.0, None, float("nan")), checks.InputError, "finite"),
+])
+def test_a_directly_built_sampler_checks_its_fields(fields, error, words):
+    with pytest.raises(error) as info:
+        sampling.Sampler(*fields)
+    assert words in str(info.value)
+
+
+def test_sampler_fields_are_normalised():
+    assert sampling.Sampler(1.0, top_p=1.0).top_p is None  # no cut, as sampler() gives
+    assert sampling.Sampler(np.float32(0.5), np.int64(3)) == sampling.Sampler(0.5, 3)
+    assert hash(sampling.Sampler(jnp.float32(0.5), jnp.int32(3))) == hash(
+        sampling.Sampler(0.5, 3))
+
+
+def test_restrict_probabilities_and_sample_refuse_bad_input():
+    with pytest.raises(checks.InputError, match="temperature > 0"):
+        sampling.restrict(LOGITS, sampling.GREEDY)
+    with pytest.raises(checks.InputTypeError, match="a Sampler"):
+        sampling.restrict(LOGITS, 0.7)
+    with pytest.raises(checks.InputTypeError, match="a Sampler"):
+        sampling.probabilities(LOGITS, None)
+    with pytest.raises(checks.InputError, match="top_k must be at most 24"):
+        sampling.restrict(LOGITS, sampling.Sampler(1.0, top_k=30))
+    with pytest.raises(checks.InputError, match="finite"):
+        sampling.probabilities(np.array([1.0, np.nan]), sampling.Sampler(1.0))
+    with pytest.raises(checks.InputError, match="finite"):
+        sampling.probabilities(np.array([1.0, np.inf]), sampling.GREEDY)
+    with pytest.raises(checks.InputTypeError, match="floating"):
+        sampling.sample(np.array([[1, 2]]), jax.random.key(0), sampling.Sampler(1.0))
+    with pytest.raises(checks.InputTypeError, match="random key"):
+        sampling.sample(LOGITS, "k", sampling.Sampler(1.0))
+
+
+@pytest.mark.parametrize(("t", "error"), [
+    ("3", checks.InputTypeError), (1.0, checks.InputTypeError), (True, checks.InputTypeError),
+    (-1, checks.InputError), (None, checks.InputTypeError)])
+def test_step_key_refuses_a_bad_step(t, error):
+    with pytest.raises(error, match="t must be"):
+        sampling.step_key(jax.random.key(0), t)
+
+
+def test_step_key_takes_integer_scalars_and_traced_steps():
+    key = jax.random.key(1)
+    want = jax.random.key_data(jax.random.fold_in(key, 3))
+    for t in (3, np.int32(3), jnp.int32(3), np.array(3)):
+        np.testing.assert_array_equal(jax.random.key_data(sampling.step_key(key, t)), want)
+    traced = jax.jit(lambda t: jax.random.key_data(sampling.step_key(key, t)))(np.int32(3))
+    np.testing.assert_array_equal(traced, want)
+    with pytest.raises(checks.InputTypeError, match="random key"):
+        sampling.step_key("key", 3)
+
+
+@pytest.mark.parametrize(("counts", "probs", "words"), [
+    ([1, 2, 3], [0.0, 0.0, 0.0], "probs must be a distribution"),
+    ([1, 2, 3], [0.5, 0.5, 0.8], "probs must be a distribution"),
+    ([1, 2, 3], [1.2, -0.1, -0.1], "probs must be a distribution"),
+    ([1, 2, 3], [np.nan, 0.5, 0.5], "probs must be a distribution"),
+    ([-1, 2, 3], [0.2, 0.3, 0.5], "counts must be"),
+    ([0, 0, 0], [0.2, 0.3, 0.5], "counts must be"),
+    ([np.inf, 2, 3], [0.2, 0.3, 0.5], "counts must be"),
+    ([1, 2], [0.2, 0.3, 0.5], "shape"),
+    ([[1, 2, 3]], [0.2, 0.3, 0.5], "1 dimension"),
+])
+def test_chi_square_refuses_what_is_not_counts_and_a_distribution(counts, probs, words):
+    with pytest.raises(checks.InputError) as info:
+        sampling.chi_square(counts, probs)
+    assert words in str(info.value)
+
+
+def test_chi_square_of_exact_counts_is_zero():
+    stat, dof = sampling.chi_square([20, 30, 50, 0], [0.2, 0.3, 0.5, 0.0])
+    assert stat == pytest.approx(0) and dof == 2
+    assert sampling.chi_square([20, 30, 49, 1], [0.2, 0.3, 0.5, 0.0])[0] == float("inf")
+
+
+def test_draws_figure_default_fits_a_small_vocabulary_and_checks_its_inputs():
+    logits = LOGITS[0, :8]
+    rows = sampling.draw_rows(logits, {"t 1": sampling.Sampler(1.0)}, key=1, draws=200)
+    fig = sampling.draws_figure(rows, draws=200)  # default show: all 8 tokens, not 12
+    assert "each of the 8 likeliest" in fig.alt
+    assert len(fig.axes[0].patches) == 8
+    for bad, error, words in (
+            ({"draws": -5}, checks.InputError, "draws must be at least 1"),
+            ({"draws": 2.5}, checks.InputTypeError, "draws must be an integer"),
+            ({"draws": 200, "show": 9}, checks.InputError, "show must be at most 8"),
+            ({"draws": 200, "show": 0}, checks.InputError, "show must be at least 1")):
+        with pytest.raises(error, match=words):
+            sampling.draws_figure(rows, **bad)
+    for rows_, words in (({"a": 1}, "not such a pair"),
+                         ({"a": (np.ones(3), np.ones(4))}, "not one vocabulary"),
+                         ({"a": (np.ones(3), "x")}, "must be an array")):
+        with pytest.raises(checks.InputError, match=words):
+            sampling.draws_figure(rows_, draws=5)
+
+
+def test_sampled_noise_depends_on_the_row_index():
+    """The summary's caveat (review S2): the same logits in every row of a batch, one key,
+    give different draws in different rows: a sampled request's tokens depend on its row."""
+    rows = np.broadcast_to(LOGITS[0], (8, 24))
+    tokens = np.asarray(sampling.sample(rows, jax.random.key(5), sampling.Sampler(1.0)))
+    assert len(set(tokens.tolist())) > 1, tokens

@@ -378,6 +378,28 @@ def test_cached_attention_and_abstract_params_refuse_bad_input(call, words):
         call()
 
 
+def test_abstract_params_refuses_a_server_of_another_config():
+    small = Config(vocab=16, d_model=32, n_heads=8, d_ff=64, n_layers=2, seq_len=20)
+    with pytest.raises(checks.InputError, match="srv serves another config"):
+        serving.abstract_params(Config(vocab=32, d_model=32, n_heads=8, d_ff=64, n_layers=2,
+                                       seq_len=20), serving.server(small))
+    shapes = serving.abstract_params(small, serving.server(small))
+    assert shapes["embed"].shape == (16, 32)
+
+
+def test_integer_scalars_of_numpy_and_jax_are_ints():
+    """eos_id, pad_id, steps and top_k as NumPy or JAX integer scalars give what ints give
+    (turn-5 audit E: jnp.int32(e) was refused while a JAX float temperature was taken)."""
+    params, prompt, _, _ = fixture()
+    want = serving.generate(params, prompt, config=CONFIG, steps=4, eos_id=5, pad_id=1,
+                            temperature=0.8, top_k=12, key=3)
+    for cast in (np.int64, jnp.int32):
+        got = serving.generate(params, prompt, config=CONFIG, steps=cast(4), eos_id=cast(5),
+                               pad_id=cast(1), temperature=jnp.float32(0.8), top_k=cast(12),
+                               key=3)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_cached_attention_takes_a_numpy_start():
     assert serving.cached_attention(_Q, _CACHE, _CACHE, start=np.int32(3)).shape == _Q.shape
 
@@ -522,17 +544,21 @@ def test_recompute_generate_makes_generates_checks():
         serving.recompute_generate(params, np.full((1, 3), 48), config=CONFIG, steps=2)
     with pytest.raises(checks.InputTypeError, match="Config"):
         serving.recompute_generate(params, prompt, config="C", steps=2)
-    with pytest.raises(checks.InputError, match="generate at most 14 steps"):
-        serving.recompute_generate(params, prompt, config=CONFIG, steps=15)
+    with pytest.raises(checks.InputError, match=r"generate at most 13 new tokens \(steps=13\)"):
+        serving.recompute_generate(params, prompt, config=CONFIG, steps=14)
 
 
 def test_prompt_longer_than_the_positions_says_so():
     params, _, _, _ = fixture()
     with pytest.raises(checks.InputError, match="longer than the model's config.seq_len=20"):
         serving.generate(params, np.zeros((1, 21), np.int32), config=CONFIG, steps=1)
-    # The last position the model has: prompt_len + steps - 1 = seq_len (review B10).
-    out = serving.generate(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=11)
-    assert out.shape == (1, 21)
+    # The whole sequence fits the model's positions: prompt_len + steps = seq_len, and one
+    # more step is refused (a token past seq_len has no position; turn-5 audit D).
+    out = serving.generate(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=10)
+    assert out.shape == (1, 20)
+    for fn in (serving.generate, serving.generate_with_logits, serving.recompute_generate):
+        with pytest.raises(checks.InputError, match=r"makes 21 tokens.*\(steps=10\)"):
+            fn(params, np.zeros((1, 10), np.int32), config=CONFIG, steps=11)
 
 
 def test_decode_collectives_refuses_an_empty_cache_and_no_strategy():
@@ -595,3 +621,53 @@ def test_the_boundary_refuses_each_class_of_bad_argument(call, words):
     with pytest.raises(checks.InputError) as info:
         call()
     assert words in str(info.value)
+
+
+@pytest.mark.slow
+def test_each_sampler_and_stop_token_compiles_its_own_program():
+    """The sampling page's note (review, missing for a practitioner): the sampler and eos_id
+    are static in generate's program, so a new value compiles a new whole-generation program
+    and a repeated one compiles nothing."""
+    from spmd_guide.serving import batching
+
+    params, prompt, _, _ = fixture()
+    run = functools.partial(batching.compiled_programs, serving.generate, params, prompt,
+                            config=CONFIG, steps=3, key=1)
+    run(temperature=0.8, top_p=0.9, eos_id=5)
+    for options in ({"temperature": 0.81, "top_p": 0.9, "eos_id": 5},
+                    {"temperature": 0.8, "top_p": 0.91, "eos_id": 5},
+                    {"temperature": 0.8, "top_p": 0.9, "eos_id": 6}):
+        assert run(**options)[1] >= 1, options
+    assert run(temperature=0.8, top_p=0.9, eos_id=5)[1] == 0
+
+
+@pytest.mark.parametrize(("name", "n", "rows"), [
+    (None, 1, 2), pytest.param(None, 1, 4, marks=pytest.mark.slow),
+    pytest.param("dp", 2, 4, marks=pytest.mark.slow),
+    pytest.param("tp", 2, 4, marks=pytest.mark.slow)])
+def test_one_key_per_row_makes_each_sampled_row_its_request_alone(name, n, rows):
+    """Keys of shape [batch]: row i of a sampled, ragged batch equals its prompt generated
+    alone with the single key keys[i], on one device and sharded (review S2: with one key for
+    the batch a row's noise depends on its index)."""
+    params, prompt, _, _ = fixture()
+    # The quick case: two full rows (the alone runs share a program); the sweep: ragged.
+    lengths = LENGTHS[:rows] if rows > 2 else np.full(rows, PROMPT_LEN)
+    keys = jax.random.split(jax.random.key(9), rows)
+    mesh = None if name is None else serving.STRATEGIES[name].mesh(jax.devices()[:n])
+    out = np.asarray(serving.generate(params, prompt[:rows], config=CONFIG, steps=4,
+                                      prompt_lengths=lengths, key=keys, strategy=name,
+                                      mesh=mesh, **SAMPLED))
+    for i, n_i in enumerate(lengths):
+        alone = np.asarray(serving.generate(params, prompt[i:i + 1, :n_i], config=CONFIG,
+                                            steps=4, key=keys[i], **SAMPLED))[0]
+        np.testing.assert_array_equal(out[i, :n_i + 4], alone)
+
+
+def test_a_row_of_keys_of_another_length_is_refused():
+    params, prompt, _, _ = fixture()
+    for keys, error, words in ((jax.random.split(jax.random.key(0), 3), checks.InputError,
+                                "holds 3 keys but there are 8 rows"),
+                               (jax.random.split(jax.random.key(0), (2, 4)),
+                                checks.InputError, "must be one key")):
+        with pytest.raises(error, match=words):
+            serving.generate(params, prompt, config=CONFIG, steps=2, key=keys, **SAMPLED)

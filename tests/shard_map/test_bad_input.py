@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
-from battery import Array, Axis, Choice, Count, Flag, Index, MeshArg, call, check, test_cases
+from battery import Array, Axis, Choice, Count, Flag, Index, MeshArg, call, check, params
 from helpers import mesh_of
 
 from spmd_guide.shard_map import collective_matmul, collectives, ring_costs, vma_rules
@@ -63,7 +63,7 @@ CALLS = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -71,6 +71,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in CALLS if c.label in ("ring_costs.ring_bound_bytes",)]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

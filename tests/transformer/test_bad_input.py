@@ -20,7 +20,7 @@ from battery import (
     Real,
     call,
     check,
-    test_cases,
+    params,
 )
 from helpers import DEVICES, mesh_of
 
@@ -105,7 +105,7 @@ CALLS = NUMERIC + ARRAYS
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", test_cases(CALLS))
+@pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):
     check(c, arg, tag)
 
@@ -113,6 +113,6 @@ def test_every_guarded_argument(c, arg, tag):
 QUICK = [c for c in NUMERIC if c.label in ("lm.Config", "attention.causal_work")]
 
 
-@pytest.mark.parametrize("c, arg, tag", test_cases(QUICK))
+@pytest.mark.parametrize("c, arg, tag", params(QUICK))
 def test_numbers_quick(c, arg, tag):
     check(c, arg, tag)

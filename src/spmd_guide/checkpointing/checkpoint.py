@@ -26,7 +26,9 @@ A step counts only when it is complete: a directory named by its number alone th
 Orbax's commit marker ``commit_success.txt``, which Orbax writes as the last file of a save
 (before the rename from ``<step>.orbax-checkpoint-tmp``). A complete step whose files cannot be
 read (deleted, truncated or overwritten) raises :class:`DamagedCheckpointError`, which names
-the step and the directory, with Orbax's or TensorStore's error as its cause.
+the step and the directory, with Orbax's or TensorStore's error as its cause. A ``like`` whose
+structure differs from the checkpoint's (a dict where the checkpoint has a list) is the
+caller's mistake, not damage: it is refused with both structures shown, before any read.
 """
 
 from __future__ import annotations
@@ -45,14 +47,14 @@ from etils import epath
 from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.metadata import array_metadata, array_metadata_store
 
-from spmd_guide.checkpointing.names import is_key, physical
+from spmd_guide.checkpointing.names import is_key, physical, structure_name
 from spmd_guide.checkpointing.names import leaf_name as _name
 from spmd_guide.checkpointing.names import named_leaves as _leaves
 from spmd_guide.core import checks
 
 __all__ = ["DamagedCheckpointError", "PendingSave", "RestoreTarget", "SavedArray", "latest_step",
-           "restore", "restore_target", "save", "saved_arrays", "saved_layout", "start_save",
-           "steps"]
+           "restore", "restore_target", "save", "saved_arrays", "saved_layout", "saved_structure",
+           "start_save", "steps"]
 
 #: The suffix Orbax gives a step directory while it is being written.
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
@@ -73,7 +75,12 @@ class DamagedCheckpointError(checks.InputError):
 def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> pathlib.Path:
     """``directory`` as an absolute path; refuses what is not a path, an empty or blank
     path (it would mean the current directory) and a file."""
-    path = checks.directory(name, directory, must_exist=False)
+    path = checks.path(name, directory, what="a path to a directory")
+    if not path.parts:  # Path('') and '.' are both Path('.'): the current directory, unnamed
+        raise checks.InputError(
+            f"{name} must not be empty or '.', got {checks.value_text(directory)}: it would "
+            f"mean the current directory; name a directory explicitly (e.g. './checkpoints').")
+    path = checks.directory(name, path, must_exist=False)  # not a file, nor below one
     if must_exist and not path.exists():
         raise checks.InputError(
             f"{name} {str(path)!r} does not exist: there is no checkpoint to restore.")
@@ -300,10 +307,17 @@ def _key_dtype(impl: str) -> Any:
     return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
 
 
+#: What Orbax 0.12 says when a restore target's tree differs from the saved one
+#: (``base_pytree_checkpoint_handler``): the caller's mistake, never damage.
+_STRUCTURE_MISMATCH = "User-provided restore item and on-disk value metadata tree"
+
+
 @contextlib.contextmanager
 def _reading(path: pathlib.Path, step: int) -> Iterator[None]:
     """Turns any failure to read a complete step's files into :class:`DamagedCheckpointError`
-    (the package's own refusals pass through)."""
+    (the package's own refusals pass through, and so does Orbax's complaint that a target's
+    structure differs from the checkpoint's, as an :class:`~spmd_guide.core.checks.InputError`:
+    the files are intact)."""
     try:
         yield
     except checks.InputError:
@@ -311,13 +325,18 @@ def _reading(path: pathlib.Path, step: int) -> Iterator[None]:
     except MemoryError:
         raise
     except Exception as error:
-        others = [s for s in steps(path) if s != step]
         cause = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        if _STRUCTURE_MISMATCH in str(error):
+            raise checks.InputError(
+                f"like's structure differs from that of step {step} of {str(path)!r} (Orbax: "
+                f"{cause}); the checkpoint is intact: build like with the checkpoint's "
+                f"structure (saved_structure(directory) lists it).") from error
+        others = [s for s in steps(path) if s != step]
         raise DamagedCheckpointError(
             f"step {step} of {str(path)!r} is damaged: it is marked complete, but its files "
             f"cannot be read ({type(error).__name__}: {cause}). Restore another step "
-            f"({others if others else 'there is none'}), or delete {str(path / str(step))!r} "
-            f"and save it again.") from error
+            f"({others if others else 'there is none'}); if its files are indeed lost (deleted "
+            f"or truncated), {str(path / str(step))!r} cannot be read again.") from error
 
 
 def _metadata(path: pathlib.Path, step: int) -> tuple[Any, dict[str, str]]:
@@ -359,6 +378,22 @@ def _saved_arrays(path: pathlib.Path, step: int) -> dict[str, SavedArray]:
     return found
 
 
+def saved_structure(directory: Any, *, step: int | None = None) -> list[str]:
+    """The checkpoint's leaves by :func:`~spmd_guide.checkpointing.names.structure_name`
+    (``blocks[0].wq`` where ``blocks`` was saved as a list or tuple, ``blocks.0.wq`` where it
+    was a dict), sorted: the structure a ``like`` must have (step default: the latest)."""
+    path = _directory(directory, must_exist=True)
+    step = _chosen_step(path, step)
+    return _saved_structure(path, step)
+
+
+def _saved_structure(path: pathlib.Path, step: int) -> list[str]:
+    metadata, _ = _metadata(path, step)
+    with _reading(path, step):
+        return sorted(structure_name(p) for p, _ in
+                      jax.tree_util.tree_leaves_with_path(metadata.tree))
+
+
 def saved_layout(directory: Any, *, step: int | None = None) -> Any:
     """The checkpoint's own layout as a ``like``: its arrays' shapes and dtypes with the
     shardings they were saved with (on the same devices, so only in a process that has
@@ -390,17 +425,29 @@ def saved_layout(directory: Any, *, step: int | None = None) -> Any:
     return jax.tree.map(leaf, metadata)
 
 
-def _check_like(like: Any, saved: dict[str, SavedArray], where: str) -> None:
+def _some(names: list[str]) -> str:
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    return f"{len(names)} array{'s' if len(names) > 1 else ''} ({shown})"
+
+
+def _check_like(like: Any, saved: dict[str, SavedArray], where: str,
+                structure: list[str] | None = None) -> None:
     wanted = {_name(p): x for p, x in jax.tree_util.tree_leaves_with_path(like)}
     missing, extra = sorted(set(saved) - set(wanted)), sorted(set(wanted) - set(saved))
     if missing or extra:
-        def some(names: list[str]) -> str:
-            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            return f"{len(names)} array{'s' if len(names) > 1 else ''} ({shown})"
-        parts = ([f"the checkpoint has {some(missing)} that like lacks"] if missing else []) + \
-                ([f"like has {some(extra)} that the checkpoint lacks"] if extra else [])
+        parts = ([f"the checkpoint has {_some(missing)} that like lacks"] if missing else []) + \
+                ([f"like has {_some(extra)} that the checkpoint lacks"] if extra else [])
         raise checks.InputError(
             f"like does not have the structure of {where}: {'; '.join(parts)}.")
+    if structure is not None:  # the same names: are the containers of the same kinds?
+        ours = sorted(structure_name(p) for p, _ in jax.tree_util.tree_leaves_with_path(like))
+        theirs, mine = sorted(set(structure) - set(ours)), sorted(set(ours) - set(structure))
+        if theirs or mine:
+            raise checks.InputError(
+                f"like's structure differs from that of {where}: the same array names, but "
+                f"a list or tuple in one is a dict in the other (a[0] is an index, a.0 a dict "
+                f"key): the checkpoint has {_some(theirs)}, like has {_some(mine)}. The "
+                f"checkpoint is intact: build like with its structure.")
     for name, x in wanted.items():
         s = saved[name]
         if is_key(x) != (s.key_impl is not None):
@@ -448,7 +495,7 @@ def restore_target(directory: Any, *, like: Any, step: int | None = None) -> Res
     step = _chosen_step(path, step)
     target = abstract(like)
     saved = _saved_arrays(path, step)
-    _check_like(target, saved, f"step {step} of {str(path)!r}")
+    _check_like(target, saved, f"step {step} of {str(path)!r}", _saved_structure(path, step))
     return RestoreTarget(path=path, step=step, like=target, saved=saved)
 
 

@@ -5,7 +5,10 @@ Orbax names each array of a checkpoint by the keys of its path joined with dots
 fields, as ``orbax.checkpoint.tree.str_keypath`` writes them), and stores the arrays by
 those names. Two leaves with one name would be saved as one, so :func:`named_leaves` refuses
 a tree with a key that holds a dot or two paths that give one name, before anything is
-written. A typed PRNG key (``jax.random.key``) is stored as its key data, ``uint32`` with a
+written. Orbax's name does not say what kind of container a key came from (a list index and
+a dict key ``0`` are both ``blocks.0``), and a restore needs the same kinds, so
+:func:`structure_name` writes a sequence index as ``[0]`` (``blocks[0].wq`` against
+``blocks.0.wq``) for the comparison of a target with a checkpoint. A typed PRNG key (``jax.random.key``) is stored as its key data, ``uint32`` with a
 trailing dimension (:func:`physical`), and its implementation is recorded beside it.
 """
 
@@ -18,15 +21,49 @@ import orbax.checkpoint as ocp
 
 from spmd_guide.core import checks
 
-__all__ = ["is_key", "leaf_name", "named_leaves", "physical"]
+__all__ = ["is_key", "leaf_name", "named_leaves", "physical", "structure_name"]
+
+
+#: The key entries of a JAX key path (``jax.tree_util.tree_leaves_with_path``'s paths).
+_KEYS = (jax.tree_util.DictKey, jax.tree_util.SequenceKey, jax.tree_util.GetAttrKey,
+         jax.tree_util.FlattenedIndexKey)
+
+
+def _path(path: Any) -> tuple[Any, ...]:
+    """``path`` if it is a JAX key path: a tuple of key entries, not a string or a tuple of
+    plain strings (``('a', 'b')`` is not the path of ``{'a': {'b': x}}``)."""
+    if not isinstance(path, tuple) or any(isinstance(k, (str, bytes, int)) for k in path):
+        raise checks.InputTypeError(
+            f"path must be a key path as jax.tree_util.tree_leaves_with_path gives it (a tuple "
+            f"of DictKey, SequenceKey, GetAttrKey... entries), got {checks.value_text(path)}.")
+    return path
 
 
 def leaf_name(path: tuple[Any, ...]) -> str:
     """A leaf's name as Orbax writes it: its keys joined by dots (``params.blocks.0.wq``)."""
+    path = _path(path)
     try:
         return ".".join(ocp.tree.str_keypath(path))
     except ValueError:  # a key type Orbax cannot name
         return jax.tree_util.keystr(path)
+
+
+def structure_name(path: tuple[Any, ...]) -> str:
+    """A leaf's name with the kind of each container on its path: a list or tuple index as
+    ``[0]``, a dict key, named-tuple or dataclass field as ``.name`` (``blocks[0].wq`` for a
+    list of blocks, ``blocks.0.wq`` for a dict keyed by 0). Orbax restores a list into a tuple
+    and a dict key ``0`` into ``'0'``, but not a list into a dict: these names differ where
+    a restore would fail."""
+    parts = []
+    for key in _path(path):
+        if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.FlattenedIndexKey)):
+            parts.append(f"[{key.idx if hasattr(key, 'idx') else key.key}]")
+        else:
+            try:
+                parts.append("." + ".".join(ocp.tree.str_keypath((key,))))
+            except ValueError:
+                parts.append(jax.tree_util.keystr((key,)))
+    return "".join(parts).lstrip(".")
 
 
 def named_leaves(name: str, tree: Any) -> list[tuple[tuple[Any, ...], Any]]:

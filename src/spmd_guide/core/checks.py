@@ -52,13 +52,12 @@ def is_traced(value: Any) -> bool:
 
 
 def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints and
-    concrete 0-d NumPy/JAX integer arrays such as ``jnp.int32(4)`` included; not ``bool``) in
-    ``[minimum, maximum]``."""
+    """``value`` as a Python ``int`` if it is an integer (``numbers.Integral``, NumPy ints
+    and concrete 0-d integer NumPy/JAX arrays included; not ``bool``) in ``[minimum, maximum]``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        if (isinstance(value, (np.ndarray, jax.Array)) and not is_traced(value)
-                and value.ndim == 0 and _kind(value.dtype) in "iu"):
-            value = value.item()  # a NumPy or concrete JAX integer scalar is an integer
+        if isinstance(value, (np.ndarray, jax.Array)) and not is_traced(value) and \
+                value.ndim == 0 and _kind(value.dtype) in "iu":
+            value = value.item()
         else:
             raise InputTypeError(
                 f"{name} must be an integer, got {value_text(value)} ({type(value).__name__}).")
@@ -146,6 +145,9 @@ def key(name: str, value: Any) -> jax.Array:
     """
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return jax.random.key(int(value))
+    if (isinstance(value, (jax.Array, np.ndarray)) and not is_traced(value)
+            and value.ndim == 0 and _kind(value.dtype) in "iu"):
+        return jax.random.key(int(value))  # a NumPy or JAX integer scalar seed
     if isinstance(value, (jax.Array, np.ndarray)) or is_traced(value):
         dtype = value.dtype
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
@@ -325,15 +327,23 @@ def flag(name: str, value: Any) -> bool:
 
 
 def path(name: str, value: Any, *, what: str = "a path") -> pathlib.Path:
-    """``value`` as a ``pathlib.Path``: a str or ``os.PathLike`` that is not empty or blank
-    (an empty path would silently mean the current directory). Bytes are refused too."""
+    """``value`` as a ``pathlib.Path``: a str or ``os.PathLike`` that is not empty or blank.
+
+    An empty path would silently mean the current directory. ``pathlib`` turns ``''`` into
+    ``.`` (``Path('') == Path('.')``, ``str(Path(''))`` is ``'.'``), so a ``PurePath`` with no
+    parts is refused too: the caller cannot have meant the current directory by it any more
+    than by ``''``. The string ``'.'`` and ``Path.cwd()`` name it explicitly. Bytes are refused.
+    """
     if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
         raise InputTypeError(f"{name} must be {what} (a str or pathlib.Path), "
                              f"got {value_text(value)}.")
     text_ = os.fspath(value)
-    if not isinstance(text_, str) or not text_.strip():
+    empty = not isinstance(text_, str) or not text_.strip() or (
+        isinstance(value, pathlib.PurePath) and not value.parts)
+    if empty:
         raise InputError(f"{name} must not be empty, got {value_text(value)}: an empty path "
-                         f"would mean the current directory; name it explicitly (e.g. './out').")
+                         f"would mean the current directory (pathlib writes Path('') as '.'); "
+                         f"name it explicitly (e.g. './out', or Path.cwd()).")
     return pathlib.Path(text_)
 
 

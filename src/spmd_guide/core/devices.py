@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import jax
 from jax.sharding import AxisType, Mesh
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, compile_cache
 
 
 def _request_cpu_devices(n: int) -> bool:
@@ -45,11 +45,16 @@ def ensure_devices(n: int = 8) -> list[jax.Device]:
     option, which (on JAX 0.10 and 0.12 alike) takes precedence over an
     ``XLA_FLAGS=--xla_force_host_platform_device_count`` setting.
 
+    If the environment variable ``SPMD_COMPILE_CACHE`` names a folder, JAX keeps
+    the programs it compiles there and loads them in later runs
+    (:mod:`spmd_guide.core.compile_cache`; the book's build and tests set it).
+
     Raises ``ValueError`` for a bad ``n`` and ``RuntimeError`` when the devices
     cannot be had: fewer accelerators than ``n``, or JAX already started with a
     different number of CPU devices.
     """
     n = checks.count("ensure_devices(n)", n, maximum=checks.MAX_DEVICES)
+    compile_cache.from_environment()
     requested = _request_cpu_devices(n)
     devices = jax.devices()
     platform = devices[0].platform

@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, compile_cache
 from spmd_guide.core.device_groups import (
     _attribute_value,
     _int_lists,
@@ -257,7 +257,7 @@ def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...],
     if isinstance(fn, jax.stages.Compiled):
         return fn
     if isinstance(fn, jax.stages.Lowered):
-        return fn.compile(compiler_options)
+        return _compile_lowered(fn, compiler_options)
     if not callable(fn):
         raise checks.InputTypeError(
             f"expected a function (plain or jitted) to compile, got {type(fn).__name__}.")
@@ -276,6 +276,18 @@ def _compile(fn: Callable[..., Any] | Any, args: tuple[Any, ...],
             f"(got {', '.join(kinds) or 'a non-array'}). Bind non-array arguments with "
             "functools.partial, e.g. collective_counts(functools.partial(f, axis='x'), x)."
         ) from None
+    return _compile_lowered(lowered, compiler_options)
+
+
+def _compile_lowered(lowered: jax.stages.Lowered,
+                     compiler_options: dict[str, Any] | None) -> jax.stages.Compiled:
+    """``lowered.compile(compiler_options)``; a compile that asks XLA for a dump compiles
+    afresh (:func:`spmd_guide.core.compile_cache.disabled`): a program loaded from the
+    persistent cache runs no pass, so XLA would write nothing (the dump options are not part
+    of the cache's key)."""
+    if any(key.startswith("xla_dump") for key in compiler_options or {}):
+        with compile_cache.disabled():
+            return lowered.compile(compiler_options)
     return lowered.compile(compiler_options)
 
 

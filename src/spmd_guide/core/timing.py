@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, compile_cache
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,9 @@ def time_fn(
     """Time ``fn(*args)``: ``warmup`` untimed calls (the first one compiles), then ``runs`` timed.
 
     Every call waits for its result with ``jax.block_until_ready``. The devices reported are
-    those holding the first array in the result.
+    those holding the first array in the result. The first call never loads its program from
+    the persistent compile cache (:func:`spmd_guide.core.compile_cache.disabled`): its time is
+    that of a reader's first run.
     """
     checks.function("fn", fn)
     runs = checks.count("runs", runs)
@@ -87,9 +89,10 @@ def time_fn(
     warmup = checks.count("warmup", warmup)
     if label is not None and not isinstance(label, str):
         raise checks.InputTypeError(f"label must be a string, got {label!r}.")
-    start = time.perf_counter()
-    result = jax.block_until_ready(fn(*args))
-    first_call = time.perf_counter() - start
+    with compile_cache.disabled():   # the first call compiles, as in a reader's first run
+        start = time.perf_counter()
+        result = jax.block_until_ready(fn(*args))
+        first_call = time.perf_counter() - start
     for _ in range(warmup - 1):
         jax.block_until_ready(fn(*args))
     times = []

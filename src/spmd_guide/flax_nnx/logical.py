@@ -38,6 +38,13 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
+from spmd_guide.flax_nnx.layouts import (
+    _auto,
+    _check_mesh,
+    _shardings,
+    param_specs,
+    set_abstract,
+)
 from spmd_guide.flax_nnx.rules import (
     ACTIVATION_NAMES,
     PARAM_NAMES,
@@ -50,8 +57,8 @@ from spmd_guide.flax_nnx.rules import (
 from spmd_guide.transformer import lm
 from spmd_guide.transformer.attention import reference_attention
 
-__all__ = ["RULES", "Model", "abstract_model", "create", "loss", "make_optimizer", "mesh_spec",
-           "param_specs", "to_lm_params", "train_step"]
+__all__ = ["RULES", "Model", "abstract_model", "check_concrete", "check_model", "create", "loss",
+           "make_optimizer", "mesh_spec", "param_specs", "to_lm_params", "train_step"]
 
 # --------------------------------------------------------------------------- the model
 
@@ -158,8 +165,10 @@ class Model(nnx.Module):
 
 
 def _float_dtype(name: str, value: Any) -> np.dtype:
+    """A floating dtype; ``None`` is refused (``jnp.dtype(None)`` would be float64, then
+    float32 without x64: not what a caller who passed nothing meant)."""
     try:
-        dtype = jnp.dtype(value)
+        dtype = None if value is None else jnp.dtype(value)
     except TypeError:
         dtype = None
     if isinstance(value, bool) or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
@@ -169,62 +178,20 @@ def _float_dtype(name: str, value: Any) -> np.dtype:
     return dtype
 
 
-def _auto(mesh: Mesh) -> Mesh:
-    """``mesh`` with Auto axes (what sharding constraints may name)."""
-    if all(t == AxisType.Auto for t in mesh.axis_types):
-        return mesh
-    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
-
-
-def _check_mesh(mesh: Any) -> Mesh:
-    mesh = checks.mesh("mesh", mesh)
-    types = set(mesh.axis_types)
-    if AxisType.Manual in types or len(types) > 1:
-        raise checks.InputError(
-            f"mesh must have all axes Auto or all Explicit, got {tuple(mesh.axis_types)}.")
-    return mesh
-
-
 def check_model(model: Any) -> Model:
     """``model`` if it is a :class:`Model` (every function of this subpackage takes one)."""
     return checks.instance("model", model, Model,
                            example="a spmd_guide.flax_nnx.logical.Model (from create or Model(...))")
 
 
-# --------------------------------------------------------------------------- layouts
-
-
-def param_specs(model_or_state: Any, rules: Rules, mesh: Mesh) -> Any:
-    """A ``PartitionSpec`` for every leaf of a model's state (parameters, or an optimizer
-    state whose variables carry the parameters' names), by :func:`mesh_spec`. Leaves without
-    logical names (the step count) are replicated."""
-    state = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) \
-        else model_or_state
-    logical = nnx.get_partition_spec(state)
-
-    def spec(names, leaf):
-        value = leaf.get_value() if isinstance(leaf, nnx.Variable) else leaf
-        names = tuple(names.get_value() if isinstance(names, nnx.Variable) else names)
-        if not names:
-            return P()
-        return mesh_spec(names, value.shape, rules, mesh)
-
-    return jax.tree.map(spec, logical, state,
-                        is_leaf=lambda x: isinstance(x, (nnx.Variable, P)))
-
-
-def set_abstract(state: Any, rules: Rules, mesh: Mesh) -> None:
-    """Give every variable of an abstract state (from ``nnx.eval_shape``) a
-    ``jax.ShapeDtypeStruct`` value that carries the sharding ``rules`` give it."""
-    variables = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable))
-    for var, sharding in zip(variables, jax.tree.leaves(_shardings(state, rules, mesh)),
-                             strict=True):
-        value = var.get_value()
-        var.set_value(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
-
-
-def _shardings(state: Any, rules: Rules, mesh: Mesh) -> Any:
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(state, rules, mesh))
+def check_concrete(model: Model, *, name: str = "model") -> Model:
+    """``model`` if its parameters hold values: :func:`abstract_model`'s hold only shapes
+    (``jax.ShapeDtypeStruct``), so it can be compiled against or restored into, not run."""
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(nnx.state(model))):
+        raise checks.InputError(
+            f"{name} is abstract (abstract_model: its parameters are shapes, without values); "
+            f"build it with create(...), or restore values into it with saving.restore.")
+    return model
 
 
 def create(config: lm.Config, *, strategy: str, mesh: Mesh, seed: int = 0,
@@ -315,7 +282,7 @@ def _check_tokens(model: Model, tokens: Any, microbatches: int = 1) -> Any:
     tokens = lm.check_tokens(tokens, model.config)
     batch = int(tokens.shape[0])
     checks.divisible("the batch (tokens.shape[0])", batch, microbatches,
-                     why=f"into microbatches={microbatches} equal slices")
+                     why=f"for microbatches={microbatches}")
     return tokens
 
 
@@ -342,7 +309,7 @@ def _loss_program(graphdef: Any, state: Any, tokens: jax.Array) -> jax.Array:
 def loss(model: Model, tokens: Any) -> jax.Array:
     """Mean next-token cross-entropy of ``tokens`` ``[batch, seq_len + 1]``; equals
     ``lm.lm_loss(to_lm_params(model), tokens, config=model.config)`` (in float32 compute)."""
-    model = check_model(model)
+    model = check_concrete(check_model(model))
     tokens = _check_tokens(model, tokens)
     graphdef, state = nnx.split(model)
     return _loss_program(graphdef, state, _place_tokens(model, tokens))
@@ -358,24 +325,38 @@ def _place_tokens(model: Model, tokens: Any) -> jax.Array:
     return jax.device_put(tokens, NamedSharding(model.mesh, spec))
 
 
-def make_optimizer(model: Model, *, learning_rate: float = 1e-3) -> nnx.Optimizer:
+def make_optimizer(model: Model, *, learning_rate: float = 1e-3,
+                   state_strategy: str | None = None) -> nnx.Optimizer:
     """``nnx.Optimizer`` with optax AdamW over the model's ``nnx.Param``s, its moments made
-    under ``jax.jit`` in the parameters' layouts (ZeRO keeps them split like the weights)."""
-    model = check_model(model)
+    under ``jax.jit`` in the parameters' layouts (ZeRO-3 keeps them split like the weights).
+
+    ``state_strategy`` lays the moments out by another table, ``RULES[state_strategy]``, on the
+    model's mesh: ``make_optimizer(<a 'dp' model>, state_strategy='fsdp')`` is ZeRO-1 (the
+    moments split over ``data``, the parameters whole). :func:`train_step` keeps both layouts.
+    """
+    model = check_concrete(check_model(model))
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tx = _adamw(learning_rate)
     if model.mesh is None:
+        if state_strategy is not None:
+            raise checks.InputError(
+                "state_strategy lays the optimizer state out on the model's mesh, and this "
+                "model has none; build it with create(..., mesh=...).")
         return _owned(nnx.Optimizer(model, tx, wrt=nnx.Param), model)
+    rules = model.rules if state_strategy is None else check_rules(rules_of(state_strategy),
+                                                                   model.mesh)
     graphdef, state = nnx.split(model)
-    key = (graphdef, tx)
-    if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph and learning rate
+    key = (graphdef, tx, rules)
+    if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph, learning rate, table
 
         def make(state):
-            return nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
+            optimizer = nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
+            optimizer.state_rules = rules  # static: train_step keeps the state in it
+            return optimizer
 
         opt_graphdef, abstract = nnx.split(nnx.eval_shape(make, state))
         init = jax.jit(lambda s: nnx.state(make(s)),
-                       out_shardings=_shardings(abstract, model.rules, model.mesh),
+                       out_shardings=_shardings(abstract, rules, model.mesh),
                        compiler_options=hlo.FAST_COMPILE)
         _OPTIMIZER_PROGRAMS[key] = (init, opt_graphdef)
     init, opt_graphdef = _OPTIMIZER_PROGRAMS[key]
@@ -438,36 +419,66 @@ def grads_fn(graphdef: Any, microbatches: int, *, mesh: Mesh | None = None,
     return f
 
 
-def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int) -> Any:
+def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int,
+           rules: Rules | None = None) -> Any:
     """:func:`grads_fn` on the model's mesh: under ``auto_axes`` on Explicit axes, with the
-    loss replicated and each gradient in its parameter's layout."""
+    loss replicated and each gradient in its parameter's layout, or in the layout ``rules``
+    give it (the optimizer state's, under ZeRO-1: the gradient is then reduce-scattered)."""
     model = nnx.merge(graphdef, state)
     if model.mesh is None:
         return grads_fn(graphdef, microbatches)(state, tokens)
-    f = grads_fn(graphdef, microbatches, mesh=_auto(model.mesh), rules=model.rules)
+    rules = rules or model.rules
+    f = grads_fn(graphdef, microbatches, mesh=_auto(model.mesh), rules=rules)
     if _explicit(model.mesh):
-        out = (NamedSharding(model.mesh, P()), _shardings(state, model.rules, model.mesh))
+        out = (NamedSharding(model.mesh, P()), _shardings(state, rules, model.mesh))
         f = jax.sharding.auto_axes(f, out_sharding=out)
     return f(state, tokens)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 4), donate_argnums=(2, 3),
-                   compiler_options=hlo.FAST_COMPILE)
+# No donate_argnums: donating the state would free arrays that other live objects may share
+# (a model from nnx.clone, a to_lm_params tree taken before the step), see train_step.
+@functools.partial(jax.jit, static_argnums=(0, 1, 4), compiler_options=hlo.FAST_COMPILE)
 def _step_program(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
                   microbatches: int, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
     model = nnx.merge(graphdef, state)
-    optimizer = nnx.merge(opt_graphdef, opt_state)
-    value, grads = _grads(graphdef, state, tokens, microbatches)
+    update = functools.partial(_update, graphdef, opt_graphdef)
+    if model.mesh is None:
+        value, grads = _grads(graphdef, state, tokens, microbatches)
+        return *update(state, opt_state, grads), value
+    # Each state keeps its table's layout: the parameters the model's, the optimizer state
+    # its own. Under ZeRO-1 (another table) the gradients come in the moments' layout
+    # (reduce-scattered), the update runs on those slices, and the new parameters are
+    # gathered back into theirs.
+    rules = getattr(nnx.merge(opt_graphdef, opt_state), "state_rules", None) or model.rules
+    value, grads = _grads(graphdef, state, tokens, microbatches, rules)
+    out = (_shardings(state, model.rules, model.mesh),
+           _shardings(opt_state, rules, model.mesh))
+    if _explicit(model.mesh):
+        return *jax.sharding.auto_axes(update, out_sharding=out)(state, opt_state, grads), value
+    auto = jax.tree.map(lambda s: NamedSharding(_auto(model.mesh), s.spec), out)
+    return *jax.lax.with_sharding_constraint(update(state, opt_state, grads), auto), value
+
+
+def _update(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
+            grads: Any) -> tuple[Any, Any]:
+    model, optimizer = nnx.merge(graphdef, state), nnx.merge(opt_graphdef, opt_state)
     optimizer.update(model, grads)
-    return nnx.state(model), nnx.state(optimizer), value
+    return nnx.state(model), nnx.state(optimizer)
 
 
 def train_step(model: Model, optimizer: nnx.Optimizer, tokens: Any, *,
                microbatches: int = 1) -> jax.Array:
     """One AdamW update of ``model`` and ``optimizer`` in place on ``tokens``; the mean loss
     before the update. ``microbatches=k`` accumulates the gradient over ``k`` equal slices
-    of the batch and gives the same update as the whole batch at once."""
-    model = check_model(model)
+    of the batch and gives the same update as the whole batch at once.
+
+    The step does not donate its inputs: the model's and the optimizer's variables then point
+    at new arrays, and the old ones stay valid for whoever else holds them (a model from
+    ``nnx.clone``, which shares its arrays, or a ``to_lm_params(model)`` tree taken before the
+    step); they are freed when the last reference goes. Donation (``donate_argnums``) would
+    reuse their memory for the update but delete them under every other holder. The price:
+    while the update runs, a device holds the old and the new parameters and AdamW state."""
+    model = check_concrete(check_model(model))
     if not isinstance(optimizer, nnx.Optimizer):
         raise checks.InputTypeError(
             f"optimizer must be the nnx.Optimizer make_optimizer(model) returns, got "

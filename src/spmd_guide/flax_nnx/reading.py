@@ -19,8 +19,8 @@ from spmd_guide.core import checks, hlo, hlo_text
 from spmd_guide.flax_nnx import logical
 from spmd_guide.transformer.transformer import STRATEGIES
 
-__all__ = ["bytes_per_device", "compare_with_part_viii", "deferred_reduction", "grad_program",
-           "init_memory", "loop_counts", "step_program"]
+__all__ = ["abstract_optimizer", "bytes_per_device", "collective_dtypes", "compare_with_part_ix", "deferred_reduction",
+           "grad_program", "gradient", "init_memory", "loop_counts", "optimizer_costs", "partitioned_text", "step_program"]
 
 
 def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> Any:
@@ -34,26 +34,105 @@ def grad_program(model: logical.Model, tokens: Any, *, microbatches: int = 1) ->
                        compiler_options=hlo.FAST_COMPILE)
 
 
+def gradient(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> tuple[Any, Any]:
+    """``train_step``'s mean loss and gradient on ``tokens`` (no update), the gradient in Part
+    IX's pytree (:func:`logical.to_lm_params`'s structure)."""
+    model = logical.check_concrete(logical.check_model(model))
+    program = grad_program(model, tokens, microbatches=microbatches)
+    graphdef, state = nnx.split(model)
+    value, grads = program(state, logical._place_tokens(model, tokens))
+    return value, logical.to_lm_params(nnx.merge(graphdef, grads))
+
+
 def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
-                 learning_rate: float = 1e-3) -> Any:
+                 learning_rate: float = 1e-3, state_strategy: str | None = None,
+                 dump_to: Any = None) -> Any:
     """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
     ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
-    too, each leaf with its parameter's sharding, and nothing is allocated."""
+    too, each leaf with the sharding the model's table (or ``RULES[state_strategy]``, as in
+    ``make_optimizer``) gives it, and nothing is allocated. With ``dump_to`` (a directory),
+    XLA writes the program as it leaves the SPMD partitioner there (:func:`partitioned_text`
+    reads it)."""
     model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
-    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     tokens = logical._check_tokens(model, tokens, microbatches)
-    tx = logical._adamw(learning_rate)
-    optimizer = nnx.eval_shape(lambda m: nnx.Optimizer(m, tx, wrt=nnx.Param), model)
-    if model.mesh is not None:
-        logical.set_abstract(nnx.state(optimizer), model.rules, model.mesh)
+    optimizer = abstract_optimizer(model, learning_rate=learning_rate,
+                                   state_strategy=state_strategy)
+    options = {}
+    if dump_to is not None:
+        folder = checks.path("dump_to", dump_to, what="a path to a directory")
+        options = {"xla_dump_to": str(folder), "xla_dump_hlo_pass_re": "spmd-partitioning"}
     graphdef, state = nnx.split(model)
     opt_graphdef, opt_state = nnx.split(optimizer)
     return logical._step_program.lower(graphdef, opt_graphdef, state, opt_state, microbatches,
-                                       logical._place_tokens(model, tokens)).compile()
+                                       logical._place_tokens(model, tokens)).compile(options)
 
 
-def _part_viii_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
+def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
+                       state_strategy: str | None = None) -> Any:
+    """The ``nnx.Optimizer`` :func:`logical.make_optimizer` would make, with
+    ``jax.ShapeDtypeStruct`` values that carry their shardings: nothing is allocated."""
+    model = logical.check_model(model)
+    learning_rate = checks.real("learning_rate", learning_rate, positive=True)
+    if model.mesh is None:
+        if state_strategy is not None:
+            raise checks.InputError("state_strategy needs a model on a mesh (create).")
+        rules = None
+    else:
+        rules = model.rules if state_strategy is None else logical.check_rules(
+            logical.rules_of(state_strategy), model.mesh)
+    tx = logical._adamw(learning_rate)
+
+    def make(m):
+        optimizer = nnx.Optimizer(m, tx, wrt=nnx.Param)
+        if rules is not None:
+            optimizer.state_rules = rules
+        return optimizer
+
+    optimizer = nnx.eval_shape(make, model)
+    if rules is not None:
+        logical.set_abstract(nnx.state(optimizer), rules, model.mesh)
+    return optimizer
+
+
+def optimizer_costs(model: logical.Model, tokens: Any, *,
+                    state_strategy: str | None = None) -> dict[str, Any]:
+    """Per device, for AdamW's state laid out by the model's table or by
+    ``RULES[state_strategy]`` (ZeRO-1: ``'fsdp'`` under a ``'dp'`` model): the bytes of the
+    parameters and of the optimizer state a device holds, and the collectives of the compiled
+    step (counts by kind, bytes sent). Nothing is allocated for an abstract model."""
+    optimizer = abstract_optimizer(model, state_strategy=state_strategy)
+    ops = hlo.collectives_in_text(
+        step_program(model, tokens, state_strategy=state_strategy).as_text())
+    return {"parameters": bytes_per_device(nnx.state(model, nnx.Param)),
+            "optimizer state": bytes_per_device(nnx.state(optimizer)),
+            "collectives": hlo.count_kinds(ops), "sent": sum(o.bytes_sent for o in ops)}
+
+
+def partitioned_text(folder: Any) -> str:
+    """The HLO text of the program right after the SPMD partitioner, from the newest dump
+    that :func:`step_program` wrote into ``folder`` (``dump_to``)."""
+    root = checks.path("folder", folder, what="a path to a directory")
+    found = sorted(root.glob("*after_spmd-partitioning*.txt"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise checks.InputError(
+            f"folder {str(root)!r} holds no dump of the SPMD partitioner's output; compile "
+            f"with step_program(..., dump_to=folder) first.")
+    return found[-1].read_text()
+
+
+def collective_dtypes(program: Any) -> dict[str, int]:
+    """Bytes one device sends per collective kind and element type (``"all-gather bf16"``)
+    in a compiled program or its HLO text."""
+    sent: dict[str, int] = {}
+    for op in hlo.collectives_in_text(hlo_text.program_text(program)):
+        dtype = op.dtype if isinstance(op.dtype, str) else "+".join(sorted(set(op.dtype)))
+        key = f"{op.kind} {dtype}"
+        sent[key] = sent.get(key, 0) + op.bytes_sent
+    return dict(sorted(sent.items()))
+
+
+def _part_ix_program(name: str, mesh: Any, config: Any, params: Any, tokens: Any) -> Any:
     """Part IX's loss-and-gradient program for ``params`` (arrays or shapes), compiled."""
     strategy = STRATEGIES[name]
     shardings = strategy.shardings(params, mesh)
@@ -69,11 +148,12 @@ def _counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {k}" for k, n in counts.items() if n) or "none"
 
 
-def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
+def compare_with_part_ix(config: Any, tokens: Any, meshes: dict[str, Any]) -> list[dict]:
     """One row per strategy: whether every parameter of the model :func:`logical.create`
     builds (its abstract twin, :func:`logical.abstract_model`: nothing is allocated) is laid
-    out as Part IX's strategy lays it out, and the collectives of both compiled
-    loss-and-gradient programs. ``meshes`` maps strategy names to meshes."""
+    out as Part IX's strategy lays it out, the collectives of both compiled
+    loss-and-gradient programs, and whether they are the same ops (kinds, buffers and bytes
+    sent). ``meshes`` maps strategy names to meshes."""
     if not isinstance(meshes, dict) or not meshes:
         raise checks.InputTypeError(
             f"meshes must be a dict from strategy names to meshes, got "
@@ -82,15 +162,20 @@ def compare_with_part_viii(config: Any, tokens: Any, meshes: dict[str, Any]) -> 
     for name, mesh in meshes.items():
         model = logical.abstract_model(config, strategy=name, mesh=mesh)
         params = logical.to_lm_params(model)
-        theirs, placed = _part_viii_program(name, mesh, config, params, tokens)
+        theirs, placed = _part_ix_program(name, mesh, config, params, tokens)
         same = all(a.sharding.is_equivalent_to(b.sharding, len(a.shape)) for a, b in zip(
             jax.tree.leaves(params), jax.tree.leaves(placed), strict=True))
-        ours = hlo.count_kinds(hlo.collectives_in_text(grad_program(model, tokens).as_text()))
-        part8 = hlo.count_kinds(hlo.collectives_in_text(theirs.as_text()))
+        our_ops = hlo.collectives_in_text(grad_program(model, tokens).as_text())
+        their_ops = hlo.collectives_in_text(theirs.as_text())
+        ours, part8 = hlo.count_kinds(our_ops), hlo.count_kinds(their_ops)
+
+        def sent(ops):  # every op's kind, buffers and bytes, in a canonical order
+            return sorted((o.kind, o.shape_text, o.bytes_sent) for o in ops)
         rows.append({"strategy": name, "mesh": " x ".join(f"{k}={v}" for k, v in
                                                           mesh.shape.items()),
                      "same layout": same, "NNX + table": _counts_text(ours),
-                     "Part IX": _counts_text(part8), "same collectives": ours == part8})
+                     "Part IX": _counts_text(part8),
+                     "same collectives": sent(our_ops) == sent(their_ops)})
     return rows
 
 
@@ -165,8 +250,14 @@ def bytes_per_device(tree: Any) -> int:
     array's shard shape."""
     if isinstance(tree, nnx.Module):
         tree = nnx.state(tree)
+    checks.array_tree("tree", tree)
     leaves = jax.tree.leaves(tree)
-    checks.array_tree("tree", leaves)
+    for x in leaves:
+        if not isinstance(x, jax.Array) and not (isinstance(x, jax.ShapeDtypeStruct)
+                                                 and x.sharding is not None):
+            raise checks.InputTypeError(
+                f"tree must hold jax.Arrays (or ShapeDtypeStructs with a sharding), whose "
+                f"shardings say what a device holds; got a leaf {checks.value_text(x)}.")
     return sum(int(np.prod(x.sharding.shard_shape(x.shape))) * x.dtype.itemsize
                for x in leaves)
 

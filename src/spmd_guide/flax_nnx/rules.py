@@ -81,6 +81,10 @@ def check_rules(rules: Any, mesh: Mesh | None = None) -> Rules:
             raise checks.InputTypeError(
                 f"rules[{i}] maps {name!r} to {checks.value_text(target)}; a rule's target "
                 f"is a mesh axis name, a tuple of them, or None.")
+        if len(set(axes)) != len(axes):
+            raise checks.InputError(
+                f"rules[{i}] maps {name!r} to {target!r}, which names a mesh axis twice; a "
+                f"mesh axis can split a dimension once.")
         if mesh is not None:
             missing = [a for a in axes if a not in mesh.shape]
             if missing:
@@ -116,8 +120,16 @@ def mesh_spec(names: Sequence[str | None], shape: Sequence[int], rules: Rules,
     over ``data`` is then computed whole on each device, rather than split along another
     dimension that the compiler would have to move back.
     """
+    mesh = checks.mesh("mesh", mesh)
     rules = check_rules(rules, mesh)
-    names, shape = tuple(names), tuple(int(s) for s in shape)
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence) or not all(
+            n is None or isinstance(n, str) for n in names):
+        raise checks.InputTypeError(
+            f"names must be a sequence of logical names (str or None) such as ('embed', "
+            f"'mlp'), got {checks.value_text(names)}.")
+    names = tuple(names)
+    shape = checks.counts("shape", shape, minimum=0, min_length=0)
+    skip_indivisible = checks.flag("skip_indivisible", skip_indivisible)
     if len(names) != len(shape):
         raise checks.InputError(
             f"names {names} give {len(names)} dimensions, but the shape {shape} has "

@@ -10,7 +10,12 @@ step prefills it into that row while the other rows keep their caches.
 Every program has a fixed shape, so the number of compiled programs does not grow with the
 number of requests: one prefill of ``slots`` rows (the prompts right-padded to the longest
 one; rows not being refilled keep their cache) and one decode step (each row at its own
-position), whatever the queue holds.
+position). Their shapes follow the longest request and ``max_new_tokens`` (the cache holds
+``longest + max_new_tokens - 1`` positions), so another of either compiles them again.
+
+Each prefill here runs every slot's row, a whole step: it costs about a decode step, so
+continuous batching's extra prefills can outweigh the idle rows it saves
+(:func:`throughput_rows` prices both). Chunked prefill (Sarathi-Serve) makes refills cheap.
 """
 
 from __future__ import annotations
@@ -61,6 +66,16 @@ class Run:
     def tokens_per_decode_step(self) -> float:
         return sum(self.busy) / max(self.decode_steps, 1)
 
+    @property
+    def tokens(self) -> int:
+        """Every new token, the ones prefills made included."""
+        return sum(len(o) for o in self.outputs)
+
+    def priced_tokens_per_s(self, *, decode_s: float, prefill_s: float) -> float:
+        """All the tokens over the time of every step: ``prefills * prefill_s +
+        decode_steps * decode_s`` seconds."""
+        return self.tokens / (self.prefills * prefill_s + self.decode_steps * decode_s)
+
 
 def check_requests(requests: Any, config: Config) -> list[list[int]]:
     """A non-empty sequence of prompts, each a non-empty sequence of ids in ``[0, vocab)``."""
@@ -109,12 +124,13 @@ def run(params: Params, requests: Any, *, config: Config, max_new_tokens: int, s
     srv = server(config, strategy=strategy, mesh=mesh)
     reqs = check_requests(requests, config)
     limit = checks.count("max_new_tokens", max_new_tokens)
-    slots = srv.check_batch(checks.count("slots", slots))
+    slots = srv.check_batch(slots, name="slots")
     eos = None if eos_id is None else checks.count("eos_id", eos_id, minimum=0,
                                                    maximum=config.vocab - 1)
     policy = checks.one_of("policy", policy, ("continuous", "static"))
     width = max(len(r) for r in reqs)
-    max_len = check_length(config, width, limit)
+    max_len = check_length(config, width, limit, steps_name="max_new_tokens",
+                           prompt_name="longest request")
     params = srv.place_params(params)
     cache = init_cache(config, batch=slots, max_len=max_len, strategy=srv.strategy,
                        mesh=srv.mesh)
@@ -166,7 +182,8 @@ def serve(params: Params, requests: Any, *, config: Config, max_new_tokens: int,
     """Continuous batching of ``requests`` (prompts as lists of token ids) through ``slots``
     cache slots, greedy: each request's new tokens, up to and including ``eos_id`` or
     ``max_new_tokens`` of them, equal to generating that request alone. Compiles one prefill
-    and one decode program however many requests there are."""
+    and one decode program however many requests there are (the cache's length, and so the
+    programs, follow the longest request and ``max_new_tokens``)."""
     return run(params, requests, config=config, max_new_tokens=max_new_tokens, slots=slots,
                strategy=strategy, mesh=mesh, eos_id=eos_id).outputs
 
@@ -189,12 +206,19 @@ def compiled_programs(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     return result, count
 
 
-def throughput_rows(runs: dict[str, Run], *, step_s: float, chip: str) -> list[dict[str, Any]]:
+def throughput_rows(runs: dict[str, Run], *, decode_s: float, prefill_s: float,
+                    chip: str) -> list[dict[str, Any]]:
     """One table row per run: its prefill and decode steps, the tokens a decode step made
-    for requests (measured), and the tokens per second per chip that would give at
-    ``step_s`` seconds per decode step (a roofline prediction for ``chip``; prefill time left
-    out)."""
-    step_s = checks.real("step_s", step_s, positive=True)
+    for requests (measured), and two predictions of the tokens per second per chip on
+    ``chip``, from a roofline's ``decode_s`` seconds per decode step and ``prefill_s`` per
+    prefill step: decode steps alone (the tokens decode steps made over their time), and
+    every step priced (all the tokens, the prefills' first ones included, over the time of
+    the prefills and the decode steps)."""
+    decode_s = checks.real("decode_s", decode_s, positive=True)
+    prefill_s = checks.real("prefill_s", prefill_s, positive=True)
+    checks.text("chip", chip)
+    if not isinstance(runs, dict) or not runs:
+        raise checks.InputTypeError("runs must map labels to Runs from run(...).")
     rows = []
     for label, r in runs.items():
         if not isinstance(r, Run):
@@ -202,6 +226,8 @@ def throughput_rows(runs: dict[str, Run], *, step_s: float, chip: str) -> list[d
         rows.append({"batching": label, "prefill steps": r.prefills,
                      "decode steps": r.decode_steps,
                      "tokens per decode step (measured)": f"{r.tokens_per_decode_step:.2f}",
-                     f"tokens/s per chip, {chip} (predicted)":
-                         f"{r.tokens_per_decode_step / step_s:,.0f}"})
+                     f"tokens/s, decode only ({chip}, predicted)":
+                         f"{r.tokens_per_decode_step / decode_s:,.0f}",
+                     f"tokens/s, all steps ({chip}, predicted)":
+                         f"{r.priced_tokens_per_s(decode_s=decode_s, prefill_s=prefill_s):,.0f}"})
     return rows

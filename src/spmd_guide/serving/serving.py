@@ -130,12 +130,13 @@ def plan(params: Params, prompt: Any, *, config: Config, steps: int, strategy: A
     lengths = _lengths(prompt_lengths, prompt)
     chosen = sampling.sampler(temperature=temperature, top_k=top_k, top_p=top_p, key=key,
                               vocab=config.vocab)
-    key = checks.key("key", key) if key is not None else jax.random.key(0)
+    key = (sampling.check_key(key, batch=prompt.shape[0]) if key is not None
+           else jax.random.key(0))
     eos_id = None if eos_id is None else _token_id("eos_id", eos_id, config.vocab)
     pad_id = _token_id("pad_id", pad_id, config.vocab)
     width = int(lengths.max())
     max_len = check_length(config, width, steps)
-    srv.check_batch(prompt.shape[0])
+    srv.check_batch(prompt.shape[0], name="the prompt's rows")
     return Plan(srv, srv.place_params(params), prompt[:, :width], lengths, steps, max_len,
                 chosen, srv.place_key(key), eos_id, pad_id, prompt.shape[1] + steps)
 
@@ -153,7 +154,10 @@ def generate(params: Params, prompt: Any, *, config: Config, steps: int, strateg
     * ``temperature`` 0 is greedy; above 0 it samples (``key`` needed) from the softmax of
       ``logits / temperature`` cut to the ``top_k`` likeliest tokens and/or the smallest set
       reaching probability ``top_p``. The same key gives the same tokens on one device and
-      under every served ``strategy`` (a name of :data:`SERVED`) on ``mesh``.
+      under every served ``strategy`` (a name of :data:`SERVED`) on ``mesh``, as long as
+      their logits agree (they differ in the last bits). ``key`` is one key, or one per
+      prompt row (a ``[batch]`` key array, e.g. ``jax.random.split(key, batch)``): then row
+      ``i`` draws exactly what its prompt would draw alone with the single key ``key[i]``.
     * ``eos_id``: every position after a row's first new ``eos_id`` is ``eos_id``; the loop
       stops once every row has one.
     * ``prompt_lengths`` (int ``[batch]``): row ``i``'s prompt is ``prompt[i, :n_i]``; its
@@ -316,6 +320,10 @@ def abstract_params(config: Config, srv: Server) -> Params:
         raise checks.InputTypeError(
             f"srv must be a Server from server(config, strategy=..., mesh=...), got "
             f"{checks.value_text(srv)}.")
+    if srv.config != config:
+        raise checks.InputError(
+            f"srv serves another config ({srv.config}) than config ({config}); make it with "
+            "server(config, strategy=..., mesh=...).")
     dtype = jnp.dtype(config.dtype)
     shapes = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype), param_shapes(config),
                           is_leaf=lambda x: isinstance(x, tuple))
@@ -328,6 +336,13 @@ def abstract_params(config: Config, srv: Server) -> Params:
 def step_args(srv: Server, *, batch: int, length: int, max_len: int) -> tuple[Any, ...]:
     """Abstract arguments of ``srv``'s step: ``batch`` rows of ``length`` tokens, all at one
     position, into a cache of ``max_len`` positions."""
+    if not isinstance(srv, Server):
+        raise checks.InputTypeError(
+            f"srv must be a Server from server(config, strategy=..., mesh=...), got "
+            f"{checks.value_text(srv)}.")
+    batch = srv.check_batch(batch)
+    max_len = check_max_len(srv.config, max_len)
+    length = checks.count("length", length, maximum=max_len)
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
     return (abstract_params(srv.config, srv),
             jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=srv.sharding("tokens")),

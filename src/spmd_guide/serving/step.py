@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks, hlo
 from spmd_guide.serving import sampling
-from spmd_guide.transformer.lm import Config, Params, _forward, check_params
+from spmd_guide.transformer.lm import Config, Params, _forward, check_config, check_params
 from spmd_guide.transformer.transformer import STRATEGIES, Strategy
 
 __all__ = ["SERVED", "CacheWriter", "KeepLast", "Server", "cache_bytes", "cached_attention",
@@ -175,8 +175,8 @@ def _step(params: Params, tokens: jax.Array, start: jax.Array, cache: Cache,
     if keep.left != 0:
         raise AssertionError("the model's forward pass no longer constrains its residual "
                              "stream once per block half; KeepLast must follow it.")
-    if not sampler.greedy:  # the whole rows on every device: a draw that ignores the layout
-        logits = constrain(logits, "replicated")
+    if not sampler.greedy:  # each row whole where it is drawn: a draw that ignores the layout
+        logits = constrain(logits, "whole rows")
     token = sampling.sample(logits, sampling.step_key(*draw), sampler)
     return token, logits, writer.cache
 
@@ -222,9 +222,11 @@ class Server:
 
     def spec(self, kind: str) -> P:
         """The layout of ``"cache"`` (each ``[batch, heads, max_len, head_dim]`` array),
-        ``"tokens"`` (``[batch, s]``), ``"rows"`` (one value per row, ``[batch]``) or
-        ``"next"`` (the last position's logits, ``[batch, vocab]``), or of an activation
-        (``"residual"``, ``"heads"``, ...)."""
+        ``"tokens"`` (``[batch, s]``), ``"rows"`` (one value per row, ``[batch]``),
+        ``"next"`` (the last position's logits, ``[batch, vocab]``), ``"whole rows"`` (those
+        logits with the vocabulary unsplit, as a draw needs them), ``"replicated"``, or of an
+        activation (``"residual"``, ``"heads"``, ``"hidden"``, ``"logits"``)."""
+        kind = checks.one_of("kind", kind, KINDS)
         if self.strategy is None:
             return P()
         return _specs(self.strategy)[kind]
@@ -236,6 +238,8 @@ class Server:
 
     def stepper(self, sampler: sampling.Sampler) -> Any:
         """The compiled step that chooses tokens with ``sampler``."""
+        checks.instance("sampler", sampler, sampling.Sampler,
+                        example="a Sampler such as sampling.Sampler(0.8) or sampling.GREEDY")
         return _compiled_step(self.config, None if self.strategy is None else
                               self.strategy.name, self.mesh, sampler)
 
@@ -246,11 +250,12 @@ class Server:
         acts = {k: NamedSharding(self.mesh, s) for k, s in _specs(self.strategy).items()}
         return lambda x, kind: jax.lax.with_sharding_constraint(x, acts[kind])
 
-    def check_batch(self, batch: int) -> int:
-        """``batch`` if the mesh can split it as the cache's layout asks."""
-        batch = checks.count("batch", batch)
+    def check_batch(self, batch: int, *, name: str = "batch") -> int:
+        """``batch`` if the mesh can split it as the cache's layout asks (``name``: the
+        argument the caller passed it as)."""
+        batch = checks.count(name, batch)
         if self.mesh is not None:
-            checks.spec_fits("the batch", (batch,), P(self.spec("cache")[0]), self.mesh)
+            checks.spec_fits(name, (batch,), P(self.spec("cache")[0]), self.mesh)
         return batch
 
     def place_params(self, params: Params) -> Params:
@@ -290,8 +295,7 @@ class Server:
         tokens = check_prompt(tokens, self.config, name="tokens")
         check_params_for(params, self.config)
         batch, s = tokens.shape
-        checks.array_tree("cache", cache)
-        max_len = cache[0]["k"].shape[2]
+        max_len = check_cache(cache, self.config, batch=batch)
         given = start
         if isinstance(start, (jax.Array, np.ndarray, list, tuple)):
             given = np.ravel(np.asarray(jax.device_get(start), dtype=object))
@@ -314,11 +318,37 @@ class Server:
                                      start, cache, last, draw)
 
     def cache_shapes(self, batch: int, max_len: int) -> Cache:
-        """The cache as ``jax.ShapeDtypeStruct``s with their shardings: nothing allocated."""
+        """The cache as ``jax.ShapeDtypeStruct``s with their shardings: nothing allocated.
+        ``batch`` must split over the mesh; ``max_len`` is at most ``config.seq_len``."""
+        batch = self.check_batch(batch)
+        max_len = check_max_len(self.config, max_len)
         c = self.config
         one = jax.ShapeDtypeStruct((batch, c.n_heads, max_len, c.head_dim),
                                    jnp.dtype(c.dtype), sharding=self.sharding("cache"))
         return [{"k": one, "v": one} for _ in range(c.n_layers)]
+
+
+def check_cache(cache: Any, config: Config, *, batch: int) -> int:
+    """``cache`` must be the cache :func:`init_cache` makes for ``config`` and ``batch``
+    rows: a list of ``config.n_layers`` dicts of ``"k"`` and ``"v"`` arrays ``[batch,
+    n_heads, max_len, head_dim]``. Returns ``max_len``."""
+    want = (f"init_cache(config, batch={batch}, max_len=...)'s cache: a list of "
+            f"{config.n_layers} dicts (one per block) of 'k' and 'v' arrays [batch, n_heads, "
+            f"max_len, head_dim] = [{batch}, {config.n_heads}, max_len, {config.head_dim}]")
+    if not isinstance(cache, list) or not all(isinstance(layer, dict) and set(layer) ==
+                                              {"k", "v"} for layer in cache):
+        raise checks.InputTypeError(f"cache must be {want}, got {checks.value_text(cache)}.")
+    if len(cache) != config.n_layers:
+        raise checks.InputError(
+            f"cache has {len(cache)} blocks but the model has config.n_layers="
+            f"{config.n_layers}: it was made for another config. Pass {want}.")
+    shapes = {tuple(checks.array(f"cache[{i}][{n!r}]", layer[n], ndim=4).shape)
+              for i, layer in enumerate(cache) for n in ("k", "v")}
+    first = next(iter(shapes))
+    if len(shapes) != 1 or first[:2] != (batch, config.n_heads) or first[3] != config.head_dim:
+        raise checks.InputError(f"cache must be {want}, got arrays of shapes "
+                                f"{sorted(shapes)}.")
+    return int(first[2])
 
 
 def check_params_for(params: Params, config: Config) -> None:
@@ -340,7 +370,12 @@ def _specs(strategy: Strategy) -> dict[str, P]:
     heads, logits = acts["heads"], acts["logits"]
     return acts | {"cache": P(heads[0], heads[2], None, None), "rows": P(heads[0]),
                    "tokens": strategy.token_spec(), "next": P(logits[0], logits[2]),
-                   "replicated": P()}
+                   "whole rows": P(logits[0], None), "replicated": P()}
+
+
+#: The kinds of array :meth:`Server.spec` knows (every strategy has the same ones).
+KINDS = ("residual", "heads", "hidden", "logits", "cache", "rows", "tokens", "next",
+         "whole rows", "replicated")
 
 
 @functools.cache
@@ -368,6 +403,7 @@ def server(config: Config, *, strategy: Any = None, mesh: Mesh | None = None) ->
     Refuses a strategy it cannot serve and sizes the mesh cannot split."""
     if not isinstance(config, Config):
         raise checks.InputTypeError(f"config must be a Config, got {type(config).__name__}.")
+    check_config(config)
     chosen = strategy_of(strategy)
     if chosen is None:
         if mesh is not None:
@@ -387,23 +423,25 @@ def check_max_len(config: Config, max_len: Any) -> int:
     return checks.count("max_len", max_len, maximum=config.seq_len)
 
 
-def check_length(config: Config, prompt_len: int, steps: int) -> int:
+def check_length(config: Config, prompt_len: int, steps: int, *,
+                 steps_name: str = "steps", prompt_name: str = "prompt") -> int:
     """The cache length a generation needs: ``prompt_len + steps - 1`` positions (the last
-    new token is never fed back), at most ``config.seq_len``, the positions the model has
-    embeddings for."""
-    if prompt_len > config.seq_len:
+    new token is never fed back). The whole sequence, ``prompt_len + steps`` tokens, must fit
+    ``config.seq_len``, the positions the model has embeddings for (a token past them has
+    no position). ``steps_name`` and ``prompt_name`` are what the caller called them."""
+    if prompt_len > config.seq_len - 1:
         raise checks.InputError(
-            f"a prompt of {prompt_len} tokens is longer than the model's config.seq_len="
-            f"{config.seq_len} position embeddings; shorten the prompt to at most "
-            f"{config.seq_len} tokens.")
-    fed = prompt_len + steps - 1
-    if fed > config.seq_len:
+            f"a {prompt_name} of {prompt_len} tokens is longer than the model's "
+            f"config.seq_len={config.seq_len} positions leave room for (a new token must "
+            f"fit after it); shorten it to at most {config.seq_len - 1} tokens.")
+    if prompt_len + steps > config.seq_len:
         raise checks.InputError(
-            f"a prompt of {prompt_len} tokens plus steps={steps} feeds {fed} positions (the "
-            f"last new token is never fed back), more than the model's config.seq_len="
-            f"{config.seq_len} position embeddings; generate at most "
-            f"{config.seq_len - prompt_len + 1} steps.")
-    return fed
+            f"a {prompt_name} of {prompt_len} tokens plus {steps_name}={steps} makes "
+            f"{prompt_len + steps} tokens, more than the model's config.seq_len="
+            f"{config.seq_len} positions (a token past them has no position to continue "
+            f"from); generate at most {config.seq_len - prompt_len} new tokens "
+            f"({steps_name}={config.seq_len - prompt_len}).")
+    return prompt_len + steps - 1
 
 
 def init_cache(config: Config, *, batch: int, max_len: int, strategy: Any = None,

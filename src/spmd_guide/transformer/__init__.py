@@ -7,6 +7,8 @@
 - `verify`: each strategy checked against the one-device model, with the gradients' layouts
   unpinned, its collectives, and the formula for its bytes (the Part's tables).
 - `memory`: memory per device, by formula and from the compiled step (transformer/memory).
+- `step_memory`: remat of the partitioner's all-gathers, hybrid sharding against the
+  accumulation factor, refused donations (transformer/step_memory).
 - `breakdown`: each collective of a compiled program by pass, source line and mesh axis.
 - `pricing`: the strategies compiled at GPT-2-medium widths for Part V's
   rooflines/transformer page.

@@ -1,22 +1,22 @@
-"""Audit the newer Parts' bad-input handling (rooflines, transformer, pipeline, checkpointing,
-serving, and the helpers they added to core, nn, meshes and shard_map).
+"""Bad-input cases for the newer Parts (rooflines, transformer, pipeline, checkpointing,
+serving, and the helpers they added to core, nn, meshes and shard_map); tests/audits/
+test_audits.py runs them.
 
-Run: ``python benchmarks/audit_newer_parts.py [-v]`` (8 CPU devices, about two minutes).
+``BAD`` maps a case name (``module: what``) to a call with a wrong input, which must raise the
+package's ``InputError``/``InputTypeError`` (never another exception, never a silent return);
+many come from one battery per numeric argument (a string, a float, ``None``, zero, a negative,
+NaN, infinity, a bool), the mistakes a new user makes most. ``VALID`` holds the valid edge
+cases (NumPy scalars and arrays, lists for tuples, meshes of Explicit axes), which must return.
 
-Counts each bad input as **clear** (the package's ``InputError``/``InputTypeError``), **obscure**
-(any other exception) or **silent** (it returned); the valid edge cases (NumPy scalars and
-arrays, lists for tuples, meshes of Explicit axes) must return. Many bad inputs come from one
-battery per numeric argument (a string, a float, ``None``, zero, a negative, NaN, infinity, a
-bool), the mistakes a new user makes most. Prints a table per module and the total.
+The cases are built when this module is imported (a model, a saved checkpoint, compiled
+programs), so the tests import it inside a test, not at collection.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 import tempfile
-from collections import Counter, defaultdict
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -31,7 +31,6 @@ from jax.sharding import AxisType  # noqa: E402
 
 from spmd_guide.checkpointing import checkpoint, training  # noqa: E402
 from spmd_guide.core import results  # noqa: E402
-from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import tpu_ring  # noqa: E402
 from spmd_guide.nn import cheat_sheet, which_strategy  # noqa: E402
 from spmd_guide.pipeline import axes, moe, pipeline, schedules  # noqa: E402
@@ -129,7 +128,7 @@ battery("roofline: ring_time", formulas.ring_time, (1e6, 4, "tpu-v4"), {}, 0, NO
 batteries("roofline: tp_max_ways", formulas.tp_max_ways, ("tpu-v4", 8192), {}, counts=(1,))
 battery("roofline: overlap", formulas.overlapped_time, (1.0, 0.5), {}, 0, NONNEGATIVE_BAD)
 batteries("roofline: mlp_flops", formulas.mlp_matmul_flops, ([8, 16, 8], 4), {}, counts=(1,))
-batteries("roofline_pages: how_many", strategies.how_many, (3, 8), {}, counts=(1,))
+batteries("strategies: how_many", strategies.how_many, (3, 8), {}, counts=(1,))
 batteries("which_strategy: recommend", which_strategy.recommend, (10**9, 16 * 10**9),
           dict(batch=64, n_devices=8), counts=(0, "n_devices"), reals=("memory_fraction",))
 batteries("which_strategy: state", which_strategy.training_state_bytes, (1000,), {},
@@ -456,29 +455,29 @@ BAD.update({
     "roofline: mlp sizes 0": lambda: formulas.mlp_matmul_flops([8, 0], 4),
     "roofline: elementwise batch 0": lambda: formulas.mlp_elementwise_flops([8, 16], 0),
     "roofline: elementwise sizes float": lambda: formulas.mlp_elementwise_flops([8, 16.5], 4),
-    # ---- roofline_pages
-    "roofline_pages: strategy unknown": lambda: strategies.strategy_counts("ddp"),
-    "roofline_pages: strategy sizes 1": lambda: strategies.strategy_counts(
+    # ---- rooflines.strategies
+    "strategies: strategy unknown": lambda: strategies.strategy_counts("ddp"),
+    "strategies: strategy sizes 1": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8,)),
-    "roofline_pages: strategy batch 0": lambda: strategies.strategy_counts("dp", batch=0),
-    "roofline_pages: strategy batch indivisible": lambda: strategies.strategy_counts(
+    "strategies: strategy batch 0": lambda: strategies.strategy_counts("dp", batch=0),
+    "strategies: strategy batch indivisible": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8, 8), batch=7),
-    "roofline_pages: strategy devices str": lambda: strategies.strategy_counts(
+    "strategies: strategy devices str": lambda: strategies.strategy_counts(
         "dp", layer_sizes=(8, 8), batch=8, devices="cpu"),
-    "roofline_pages: predict not counts": lambda: strategies.predict_strategies(
+    "strategies: predict not counts": lambda: strategies.predict_strategies(
         {"dp": 3.0}, chips=("tpu-v4",)),
-    "roofline_pages: predict chip": lambda: strategies.predict_strategies(
+    "strategies: predict chip": lambda: strategies.predict_strategies(
         {"dp": WORK_COUNTS}, chips=("tpu-v7",)),
-    "roofline_pages: predict list": lambda: strategies.predict_strategies([WORK_COUNTS]),
-    "roofline_pages: ranking chip absent": lambda: strategies.ranking(PRED, "h100-sxm"),
-    "roofline_pages: ranking chip unknown": lambda: strategies.ranking(PRED, "v4"),
-    "roofline_pages: rows str": lambda: strategies.prediction_rows("preds", "tpu-v4"),
-    "roofline_pages: chip_for str": lambda: strategies.chip_for("tpu"),
-    "roofline_pages: how_many count > total": lambda: strategies.how_many(9, 8),
-    "roofline_pages: how_many -1": lambda: strategies.how_many(-1, 8),
-    "roofline_pages: plot_curves mismatch": lambda: figures.plot_curves(
+    "strategies: predict list": lambda: strategies.predict_strategies([WORK_COUNTS]),
+    "strategies: ranking chip absent": lambda: strategies.ranking(PRED, "h100-sxm"),
+    "strategies: ranking chip unknown": lambda: strategies.ranking(PRED, "v4"),
+    "strategies: rows str": lambda: strategies.prediction_rows("preds", "tpu-v4"),
+    "strategies: chip_for str": lambda: strategies.chip_for("tpu"),
+    "strategies: how_many count > total": lambda: strategies.how_many(9, 8),
+    "strategies: how_many -1": lambda: strategies.how_many(-1, 8),
+    "strategies: plot_curves mismatch": lambda: figures.plot_curves(
         np.arange(4), {"a": np.arange(3)}, xlabel="x", ylabel="y"),
-    "roofline_pages: plot_rooflines bad point": lambda: figures.plot_rooflines(
+    "strategies: plot_rooflines bad point": lambda: figures.plot_rooflines(
         {"a": "x"}, chips=("tpu-v4",)),
     # ---- results
     "results: save rows str": lambda: results.save(f"{WORK}/a.json", benchmark="b",
@@ -641,7 +640,9 @@ BAD.update({
     "serving: generate steps 0": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=0),
     "serving: generate steps str": lambda: serving.generate(PARAMS, PROMPT, config=CFG,
                                                             steps="2"),
-    "serving: generate too long": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=6),
+    # 3 prompt tokens + 7 steps feed 9 positions (the last new token is never fed back): one
+    # more than seq_len=8.
+    "serving: generate too long": lambda: serving.generate(PARAMS, PROMPT, config=CFG, steps=7),
     "serving: generate params/config": lambda: serving.generate(PARAMS, PROMPT,
                                                                 config=lm.Config(), steps=1),
     "serving: generate prompt >= vocab": lambda: serving.generate(PARAMS, PROMPT + 16,
@@ -752,9 +753,9 @@ VALID = {
     "roofline: overlap numpy": lambda: formulas.overlap_speedup(np.float64(1.0),
                                                                 np.float32(0.5),
                                                                 ways=np.int64(4)),
-    "roofline_pages: strategy numpy": lambda: strategies.strategy_counts(
+    "strategies: strategy numpy": lambda: strategies.strategy_counts(
         "dp", layer_sizes=np.array([8, 8]), batch=np.int64(8), devices=E2),
-    "roofline_pages: how_many numpy": lambda: strategies.how_many(np.int64(3), 8),
+    "strategies: how_many numpy": lambda: strategies.how_many(np.int64(3), 8),
     "results: save numpy values": lambda: results.save(
         f"{WORK}/n.json", benchmark="b", command=["python", "x"],
         settings={"n": np.int64(2)}, rows=[{"t": np.float32(0.5), "n": np.int64(3)}]),
@@ -795,49 +796,3 @@ VALID = {
     "serving: init_cache numpy": lambda: serving.init_cache(CFG, batch=np.int64(1),
                                                             max_len=np.int64(8)),
 }
-
-
-def classify(call) -> tuple[str, str]:
-    try:
-        call()
-    except InputError as error:
-        return "clear", f"{type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001 - the audit counts every kind
-        return "obscure", f"{type(error).__name__}: {str(error)[:160]}"
-    return "silent", "returned"
-
-
-def module_of(name: str) -> str:
-    return name.split(":")[0]
-
-
-def main() -> int:
-    table: dict[str, Counter] = defaultdict(Counter)
-    for name, call in BAD.items():
-        kind, message = classify(call)
-        table[module_of(name)][kind] += 1
-        if kind != "clear" or "-v" in sys.argv:
-            print(f"{kind:8s} {name}: {message}")
-    for name, call in VALID.items():
-        try:
-            call()
-            table[module_of(name)]["valid ok"] += 1
-        except Exception as error:  # noqa: BLE001
-            table[module_of(name)]["valid failed"] += 1
-            print(f"VALID FAILED {name}: {type(error).__name__}: {str(error)[:200]}")
-    columns = ("clear", "obscure", "silent", "valid ok", "valid failed")
-    print(f"\n{'module':16s}" + "".join(f"{c:>14s}" for c in columns))
-    total = Counter()
-    for module in sorted(table):
-        total.update(table[module])
-        print(f"{module:16s}" + "".join(f"{table[module][c]:14d}" for c in columns))
-    print(f"{'TOTAL':16s}" + "".join(f"{total[c]:14d}" for c in columns))
-    bad = total["clear"] + total["obscure"] + total["silent"]
-    print(f"\n{bad} bad inputs: {total['clear']} clear ({100 * total['clear'] / bad:.1f}%), "
-          f"{total['obscure']} obscure, {total['silent']} silent; {len(VALID)} valid edge cases: "
-          f"{total['valid ok']} returned, {total['valid failed']} failed")
-    return 0 if math.isclose(total["silent"] + total["valid failed"], 0) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,27 +1,23 @@
-"""Audit: call public functions with plausible bad inputs, count how each one fails.
+"""Bad-input cases for the earlier Parts' public functions (tests/audits/test_audits.py runs them).
 
-Run: ``python benchmarks/audit_bad_inputs.py`` (8 CPU devices, about a minute).
+The modules covered: prng, data, multihost (and its describe, failures, problem, step), api_changes, timing,
+collectives, collective_matmul, show (its non-drawing functions). ``BAD`` maps a case name to a
+call with a plausible wrong input: it must raise the package's own error
+(``spmd_guide.core.checks.InputError`` or ``InputTypeError``), whose message names the argument,
+the value, the rule and the fix; never a deep JAX or NumPy error, never a silent return.
+``VALID`` holds valid edge cases (NumPy integers, lists, bfloat16, one-device meshes) that must
+return. ``MODULES``, ``DRAWING`` and ``CHECKERS`` say which public functions must check their
+input (:func:`unchecked`).
 
-Each bad input is counted as
-
-- **clear**: it raised the package's own error (``spmd_guide.core.checks.InputError`` or
-  ``InputTypeError``), whose message names the argument, the value, the rule and the fix;
-- **obscure**: it raised anything else (a deep JAX or NumPy error, a bare ``KeyError``);
-- **silent**: it returned, although the input is invalid.
-
-Valid edge cases (NumPy integers, lists, bfloat16, one-device meshes) must return. The
-modules covered are those of issue #18's second half: prng, data, multihost,
-multihost (describe, failures, problem, step), api_changes, timing, collectives, collective_matmul, show (its
-non-drawing functions). Also reports how many public functions check their input.
+The cases are built when this module is imported (meshes, placed arrays, a saved problem
+file), so the tests import it inside a test, not at collection.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import sys
 import tempfile
-from collections import Counter
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -37,14 +33,13 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from spmd_guide.appendix import api_changes  # noqa: E402
 from spmd_guide.core import hlo, timing  # noqa: E402
-from spmd_guide.core.checks import InputError  # noqa: E402
 from spmd_guide.meshes import show  # noqa: E402
 from spmd_guide.multihost import cluster, describe, failures, multihost, problem, step  # noqa: E402
 from spmd_guide.randomness import data, prng  # noqa: E402
-from spmd_guide.shard_map import collective_matmul, collectives  # noqa: E402
+from spmd_guide.shard_map import collective_matmul, collectives, ring_costs  # noqa: E402
 
-MODULES = [prng, data, multihost, describe, failures, problem, step, api_changes, timing,
-           collectives, collective_matmul, show]
+MODULES = [prng, data, multihost, describe, failures, problem, step, cluster, api_changes, timing,
+           collectives, collective_matmul, ring_costs, show]
 #: Drawing code, moving to its own module (not part of this audit).
 DRAWING = {"ring_diagram", "tpu_v3_tray", "Panel", "draw_panels", "device_color",
            "draw_collective", "example_panels", "draw_ring", "ring_hops", "StandInDevice"}
@@ -80,6 +75,7 @@ def op(pairs):
 RING8 = [(i, (i + 1) % 8) for i in range(8)]
 
 CM = collective_matmul
+RC = ring_costs   # the ring matmuls' costs and schedules, once in collective_matmul
 C = collectives
 BAD = {
     # ---------------------------------------------------------------- collective_matmul
@@ -103,20 +99,20 @@ BAD = {
     "cm: check rows_by 0": lambda: CM.check_shapes(OK, OK, rows_by=0, contraction_by=1),
     "cm: check contraction 2.0": lambda: CM.check_shapes(OK, OK, rows_by=1,
                                                          contraction_by=2.0),
-    "cm: ring bytes m<0": lambda: CM.ring_bound_bytes("allgather", -8, 8, 8, 4, 8),
-    "cm: ring bytes ring 0": lambda: CM.ring_bound_bytes("allgather", 8, 8, 8, 4, 0),
-    "cm: ring bytes itemsize 0": lambda: CM.ring_bound_bytes("allgather", 8, 8, 8, 0, 8),
-    "cm: ring bytes float k": lambda: CM.ring_bound_bytes("allgather", 8, 8.5, 8, 4, 2),
-    "cm: ring bytes bad name": lambda: CM.ring_bound_bytes("gather", 8, 8, 8, 4, 2),
-    "cm: schedule ring 0": lambda: CM.ring_schedule("allgather_bidi", 0),
-    "cm: schedule ring '4'": lambda: CM.ring_schedule("allgather", "4"),
-    "cm: bytes_by_direction wrong ring": lambda: CM.bytes_by_direction([op(RING8)], 4),
-    "cm: bytes_by_direction ring 0": lambda: CM.bytes_by_direction([op(RING8)], 0),
-    "cm: bytes_by_direction strings": lambda: CM.bytes_by_direction(["all-gather"], 2),
-    "cm: collective_rows str": lambda: CM.collective_rows("ops"),
-    "cm: compile bidi odd K": lambda: CM.compile_variant("allgather_bidi", np.ones((4, 6)),
+    "cm: ring bytes m<0": lambda: RC.ring_bound_bytes("allgather", -8, 8, 8, 4, 8),
+    "cm: ring bytes ring 0": lambda: RC.ring_bound_bytes("allgather", 8, 8, 8, 4, 0),
+    "cm: ring bytes itemsize 0": lambda: RC.ring_bound_bytes("allgather", 8, 8, 8, 0, 8),
+    "cm: ring bytes float k": lambda: RC.ring_bound_bytes("allgather", 8, 8.5, 8, 4, 2),
+    "cm: ring bytes bad name": lambda: RC.ring_bound_bytes("gather", 8, 8, 8, 4, 2),
+    "cm: schedule ring 0": lambda: RC.ring_schedule("allgather_bidi", 0),
+    "cm: schedule ring '4'": lambda: RC.ring_schedule("allgather", "4"),
+    "cm: bytes_by_direction wrong ring": lambda: RC.bytes_by_direction([op(RING8)], 4),
+    "cm: bytes_by_direction ring 0": lambda: RC.bytes_by_direction([op(RING8)], 0),
+    "cm: bytes_by_direction strings": lambda: RC.bytes_by_direction(["all-gather"], 2),
+    "cm: collective_rows str": lambda: RC.collective_rows("ops"),
+    "cm: compile bidi odd K": lambda: RC.compile_variant("allgather_bidi", np.ones((4, 6)),
                                                          np.ones((6, 4)), M2, "x"),
-    "cm: compile unknown": lambda: CM.compile_variant("x", OK, OK, M2, "x"),
+    "cm: compile unknown": lambda: RC.compile_variant("x", OK, OK, M2, "x"),
     "cm: specs axis None": lambda: CM.allgather_specs(None),
     "cm: run_on_ring not fn": lambda: CM.run_on_ring(None, OK, OK, M2, "x",
                                                      specs=CM.allgather_specs("x")),
@@ -330,7 +326,7 @@ BAD = {
     "mhx: examples 0": lambda: problem.example_problem(num_examples=0),
     "mhx: seed -1": lambda: problem.example_problem(seed=-1),
     "mhx: save None": lambda: problem.save_problem(None),
-    "mhx: hosts 0": lambda: cluster.hybrid_mesh_example(hosts=0),
+    "mhx: hosts 0": lambda: cluster.hybrid_mesh((4,), (2,), ("x",), slices=0),
     "mhx: single step batch 0": lambda: step.single_process_step(
         problem=PROBLEM, batch_size=0),
     # ---------------------------------------------------------------- more, unplanned
@@ -343,8 +339,8 @@ BAD = {
     "C: per_device_function axis 3": lambda: C.per_device_function(C.psum_kernel, M2,
                                                                    axis_name=3),
     "C: traced_types indivisible": lambda: C.traced_types(C.psum_kernel, np.arange(3.0), M2),
-    "cm: schedule None": lambda: CM.ring_schedule(None, 4),
-    "cm: bytes_by_direction None": lambda: CM.bytes_by_direction(None, 4),
+    "cm: schedule None": lambda: RC.ring_schedule(None, 4),
+    "cm: bytes_by_direction None": lambda: RC.bytes_by_direction(None, 4),
     "prng: device_key mixed names": lambda: prng.device_key(KEY, ["x", 1]),
     "mhx: compare str": lambda: step.compare_to_reference("r", {}),
     "mhx: max_difference no reference": lambda: step.max_difference([], None),
@@ -352,9 +348,8 @@ BAD = {
                                                      axis_names=("data",)),
     "C: ring_scaling no counts": lambda: C.ring_scaling(C.psum_kernel, block_elements=4,
                                                         device_counts=[]),
-    "mhx: slurm env 5": lambda: cluster.slurm_detection_example(env=5),
-    "mhx: hybrid devices 0": lambda: cluster.hybrid_mesh_example(
-        devices_per_host=0),
+    "mhx: slurm env 5": lambda: cluster.detect(5),
+    "mhx: hybrid devices 0": lambda: cluster.hybrid_mesh((0,), (2,), ("x",), slices=2),
     "data: process_local dataset str": lambda: data.process_local_batches("abc", 2, ROWS,
                                                                           seed=0),
     "timing: time_fn warmup str": lambda: timing.time_fn(jnp.sin, 1.0, warmup="1"),
@@ -375,8 +370,8 @@ VALID = {
     "cm: bfloat16": lambda: CM.allgather(jnp.ones((4, 4), jnp.bfloat16),
                                          jnp.ones((4, 4), jnp.bfloat16), M2, "x"),
     "cm: 2-D mesh axis y": lambda: CM.allgather_overlapped(OK, OK, M24, "y"),
-    "cm: ring bytes numpy ints": lambda: CM.ring_bound_bytes("allgather", *np.int64([8] * 5)),
-    "cm: bytes_by_direction ring 2": lambda: CM.bytes_by_direction([op([(0, 1), (1, 0)])], 2),
+    "cm: ring bytes numpy ints": lambda: RC.ring_bound_bytes("allgather", *np.int64([8] * 5)),
+    "cm: bytes_by_direction ring 2": lambda: RC.bytes_by_direction([op([(0, 1), (1, 0)])], 2),
     "C: global_sum list": lambda: C.global_sum(list(range(8)), M2),
     "C: block_sums jax array": lambda: C.block_sums(jnp.arange(8.0), M8),
     "C: blocks numpy n": lambda: C.blocks(np.arange(8), np.int64(4)),
@@ -402,16 +397,6 @@ VALID = {
 }
 
 
-def classify(call) -> tuple[str, str]:
-    try:
-        call()
-    except InputError as error:
-        return "clear", f"{type(error).__name__}: {error}"
-    except Exception as error:  # noqa: BLE001 - the audit counts every kind
-        return "obscure", f"{type(error).__name__}: {str(error)[:150]}"
-    return "silent", "returned"
-
-
 CHECKERS = ("checks.", "_placed(", "axis_size(", "ring_size(", "check_shapes(", "variant(",
             "example(", "_check_array(", "shard_blocks(", "_layout_fits(", "_strategy_names(",
             "_process_id(", "_dotted_parts(", "_check_ops(", "_check_count(", "_leaves(",
@@ -421,7 +406,8 @@ CHECKERS = ("checks.", "_placed(", "axis_size(", "ring_size(", "check_shapes(", 
 
 
 def coverage() -> tuple[int, int, int, list[str]]:
-    """(public functions with inputs, of which checked, without inputs, unchecked names)."""
+    """(public functions with inputs, of which checked, without inputs, unchecked names): a
+    function checks its input when its source calls one of ``CHECKERS``."""
     checked, with_inputs, without, unchecked = 0, 0, 0, []
     for module in MODULES:
         for name, obj in vars(module).items():
@@ -439,34 +425,3 @@ def coverage() -> tuple[int, int, int, list[str]]:
             else:
                 unchecked.append(f"{module.__name__.split('.')[-1]}.{name}")
     return with_inputs, checked, without, unchecked
-
-
-def main() -> int:
-    results = {name: classify(call) for name, call in BAD.items()}
-    tally = Counter(kind for kind, _ in results.values())
-    for name, (kind, message) in results.items():
-        if kind != "clear" or "-v" in sys.argv:
-            print(f"{kind:8s} {name}: {message}")
-    failed = {}
-    for name, call in VALID.items():
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001
-            failed[name] = f"{type(error).__name__}: {error}"
-    for name, message in failed.items():
-        print(f"VALID FAILED {name}: {message[:200]}")
-    total = len(BAD)
-    print(f"\n{total} bad inputs: {tally['clear']} clear ({100 * tally['clear'] / total:.1f}%), "
-          f"{tally['obscure']} obscure, {tally['silent']} silent")
-    print(f"{len(VALID)} valid edge cases: {len(VALID) - len(failed)} returned, "
-          f"{len(failed)} failed")
-    with_inputs, checked, without, unchecked = coverage()
-    print(f"public functions (non-drawing) with arguments: {with_inputs}, checking their "
-          f"input: {checked}; without arguments: {without}")
-    if unchecked:
-        print("not checking:", ", ".join(unchecked))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Tests of spmd_guide.checkpointing (a package, so that test modules of the same name in two topics do not collide)."""
