@@ -14,10 +14,13 @@ give the answer the plain value gives. Path cases also check that nothing on dis
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import math
 import os
 import pathlib
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +29,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from spmd_guide.core.checks import InputError
+
+#: Every directory the battery makes lives under one root, removed when Python exits.
+ROOT = pathlib.Path(tempfile.mkdtemp(prefix="spmd-battery-"))
+atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
+
+
+def fresh_root() -> pathlib.Path:
+    """A new empty directory under :data:`ROOT`."""
+    return pathlib.Path(tempfile.mkdtemp(dir=ROOT))
+
 
 BAD = "bad"      # must be refused clearly
 SAME = "same"    # a valid form: must give the plain value's answer

@@ -5,9 +5,6 @@ valid form) the plain value's answer."""
 
 from __future__ import annotations
 
-import pathlib
-import tempfile
-
 import jax
 import jax.numpy as jnp
 import pytest
@@ -23,6 +20,7 @@ from battery import (
     anything,
     call,
     check,
+    fresh_root,
     params,
 )
 from helpers import mesh_of
@@ -31,7 +29,7 @@ from spmd_guide.automatic import closures, hidden_collectives, partitioning, une
 
 
 def _dump_dir():
-    return pathlib.Path(tempfile.mkdtemp(prefix="battery-")) / "dump"
+    return fresh_root() / "dump"
 
 
 CALLS = [

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import pathlib
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +20,7 @@ from battery import (
     anything,
     call,
     check,
+    fresh_root,
     params,
 )
 from helpers import mesh_of
@@ -41,7 +41,7 @@ def _state():
 
 def _fresh() -> pathlib.Path:
     """A new empty root with a directory name in it that does not exist yet."""
-    return pathlib.Path(tempfile.mkdtemp(prefix="battery-")) / "ckpt"
+    return fresh_root() / "ckpt"
 
 
 @functools.cache

@@ -5,18 +5,15 @@ argument (nothing on disk changed), or (for a valid form) the plain value's answ
 
 from __future__ import annotations
 
-import pathlib
-import tempfile
-
 import jax.numpy as jnp
 import pytest
-from battery import Choice, Count, PathArg, Real, Text, anything, call, check, params
+from battery import Choice, Count, PathArg, Real, Text, anything, call, check, fresh_root, params
 
 from spmd_guide.core import devices, display, hlo, results, timing
 
 
 def _results_path():
-    return pathlib.Path(tempfile.mkdtemp(prefix="battery-")) / "out" / "r.json"
+    return fresh_root() / "out" / "r.json"
 
 
 CALLS = [

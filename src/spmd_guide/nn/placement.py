@@ -53,6 +53,7 @@ def trimmed(spec: P) -> P:
 
 def auto_twin(mesh: Mesh) -> Mesh:
     """``mesh`` with every axis Auto: the same devices and names (``mesh`` itself if so)."""
+    checks.mesh("mesh", mesh)
     if all(t == AxisType.Auto for t in mesh.axis_types):
         return mesh
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
