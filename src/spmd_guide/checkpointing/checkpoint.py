@@ -94,7 +94,7 @@ def _step(step: Any) -> int:
 def _state_leaves(state: Any) -> Any:
     """``state`` with every leaf an array (NumPy scalars and Python numbers become 0-d).
     ``None`` is an empty subtree, as in JAX (optax states have some)."""
-    if not jax.tree.structure(state, is_leaf=lambda x: x is None).num_nodes > 1:
+    if jax.tree.structure(state).num_nodes == 1 and jax.tree.leaves(state):  # one bare leaf
         raise checks.InputTypeError(
             f"state must be a pytree of arrays (a dict, a list...), got one leaf "
             f"{checks.value_text(state)}; wrap a single array, e.g. {{'x': x}}.")
