@@ -150,6 +150,22 @@ class MeshArg:
 
 
 @dataclasses.dataclass(frozen=True)
+class Devices:
+    """A list of devices: never a string, a count, ints, an empty list, a device twice, a
+    mesh; a tuple or a NumPy array of the same devices gives the same answer."""
+    optional: bool = True  # None means every device
+
+    def cases(self, valid: Any) -> list[tuple[str, Any, str]]:
+        first = list(valid)[0]
+        out = [("string", "cpu", BAD), ("count", len(valid), BAD), ("ints", list(range(len(valid))), BAD),
+               ("empty", [], BAD), ("twice", [first] * len(valid), BAD),
+               ("tuple", tuple(valid), SAME), ("numpy array", np.array(valid, dtype=object), SAME)]
+        if not self.optional:
+            out.append(("none", None, BAD))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
 class Axis:
     """A mesh axis name."""
 

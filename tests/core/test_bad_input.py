@@ -7,7 +7,20 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
-from battery import Choice, Count, PathArg, Real, Text, anything, call, check, fresh_root, params
+from battery import (
+    Choice,
+    Count,
+    Devices,
+    PathArg,
+    Real,
+    Text,
+    anything,
+    call,
+    check,
+    fresh_root,
+    params,
+)
+from helpers import DEVICES
 
 from spmd_guide.core import devices, display, hlo, results, timing
 
@@ -19,8 +32,9 @@ def _results_path():
 CALLS = [
     # More than the running 8 devices is a RuntimeError (JAX has started), not bad input.
     call(devices.ensure_devices, dict(n=8), n=Count(), same=anything),
-    call(devices.build_mesh, dict(shape=(2, 2), names=("a", "b"), axis_types="auto"),
-         axis_types=Choice(), same=lambda a, b: a == b),
+    call(devices.build_mesh, dict(shape=(2, 2), names=("a", "b"), axis_types="auto",
+                                  devices=DEVICES[:4]),
+         axis_types=Choice(), devices=Devices(), same=lambda a, b: a == b),
     call(display.wrap, dict(text="a b c", width=40), width=Count(), text=Text()),
     call(hlo.ring_bytes, dict(kind="all-gather", buffer_bytes=1024, group_size=4),
          kind=Choice(), buffer_bytes=Count(0), group_size=Count()),

@@ -285,6 +285,18 @@ def spec_fits(name: str, shape: Sequence[int], spec: Any, mesh_: Mesh) -> None:
                   why=f"over mesh axis {over}" if axes else "")
 
 
+def distinct_devices(name: str, devices: Sequence[Any]) -> None:
+    """Each device at most once: a mesh over one device listed twice would be a mesh of
+    fewer devices than its shape says (JAX's ``Mesh`` does not refuse it)."""
+    seen: set[Any] = set()
+    for device in devices:
+        if device in seen:
+            raise InputError(
+                f"{name} lists {device} more than once; each device can hold one place in a "
+                f"mesh (pass distinct devices, e.g. jax.devices()[:4]).")
+        seen.add(device)
+
+
 def sharding(name: str, value: Any) -> jax.sharding.Sharding:
     """A ``jax.sharding.Sharding`` (``NamedSharding(mesh, P('x'))``, a single device's...)."""
     if not isinstance(value, jax.sharding.Sharding):

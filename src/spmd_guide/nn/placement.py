@@ -40,6 +40,9 @@ def device_list(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
     if bad is not None:
         raise checks.InputTypeError(
             f"devices must hold jax.Device objects (from jax.devices()), got {bad!r:.60}.")
+    if not listed:
+        raise checks.InputError("devices must hold at least one device, got an empty list.")
+    checks.distinct_devices("devices", listed)
     return listed
 
 
