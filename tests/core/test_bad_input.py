@@ -53,6 +53,18 @@ CALLS = [
 ]
 
 
+def _saved_results():
+    path = fresh_root() / "runs" / "r.json"
+    results.save(path, benchmark="b", command=["run.py"], settings={}, rows=[{"a": 1}])
+    return path
+
+
+CALLS += [
+    call(results.load, lambda: dict(path=_saved_results()), path=PathArg(file=True)),
+    call(results.load_all, lambda: dict(folder=_saved_results().parent, script=None),
+         folder=PathArg()),
+]
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):

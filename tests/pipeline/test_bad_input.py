@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import jax
 import pytest
-from battery import Array, Axis, Choice, Count, Key, MeshArg, Real, call, check, params
+from battery import (
+    Array,
+    Axis,
+    Choice,
+    Count,
+    Key,
+    MeshArg,
+    Real,
+    Text,
+    call,
+    check,
+    params,
+)
 from helpers import mesh_of
 
 from spmd_guide.pipeline import axes, moe, pipeline, schedules
@@ -106,6 +118,36 @@ ARRAYS = [
 
 CALLS = NUMERIC + ARRAYS
 
+
+def _rows():
+    return axes.traffic(axes.Model(n_layers=4, d_model=8, d_ff=16, batch=8, seq_len=8),
+                        {"data": 2, "pipeline": 2})
+
+
+def _routing():
+    return moe.route(_moe_params(), _x(), top_k=2, capacity_factor=1.25)
+
+
+MORE = [
+    call(moe.traffic, lambda: dict(routing=_routing(), n_devices=4), n_devices=Count()),
+    call(moe.dropped_at, lambda: dict(routing=_routing(), capacity_factor=1.25),
+         capacity_factor=Real()),
+    call(moe.draw_traffic, lambda: dict(matrix=moe.traffic(_routing(), 4), title="t"),
+         title=Text(), same=lambda a, b: True),
+    call(schedules.plot_bubble, dict(stage_counts=[2, 4], max_microbatches=8),
+         max_microbatches=Count(), same=lambda a, b: True),
+    call(schedules.draw_schedule, lambda: dict(schedule=schedules.build_schedule("1f1b", 2, 4),
+                                               title="t"),
+         title=Text(), same=lambda a, b: True),
+    call(axes.link_seconds, lambda: dict(rows=_rows(), placement=axes.place_axes(
+        _rows(), devices_per_node=2), fast_bandwidth=1e11, slow_bandwidth=1e10),
+        fast_bandwidth=Real(), slow_bandwidth=Real()),
+    call(axes.pipeline_program, lambda: dict(mesh=mesh_of(4), axis_name="x"),
+         mesh=MeshArg(explicit=False), axis_name=Axis(), same=lambda a, b: callable(a)),
+    call(axes.fsdp_program, lambda: dict(mesh=mesh_of(4), axis_name="x"),
+         mesh=MeshArg(explicit=False), axis_name=Axis(), same=lambda a, b: callable(a)),
+]
+CALLS += MORE
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from battery import Axis, Count, Flag, Key, MeshArg, Real, call, check, params
+from battery import Axis, Count, Flag, Key, MeshArg, Real, Text, call, check, params
 from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -70,6 +70,19 @@ CALLS = [
          blocks=Count(minimum=2)),
 ]
 
+
+CALLS += [
+    call(lambda shape, sharding: prng.sampler(shape, sharding)(jax.random.key(0)),
+         lambda: dict(shape=(8, 4), sharding=_sharding()), label="prng.sampler"),
+    call(data.rows_by_device, lambda: dict(batch_leaf=_first(data.sharded_batches(
+        _dataset(), 8, _sharding(), seed=0))[0], title="t"), title=Text(),
+         same=lambda a, b: True),
+    call(lambda **kw: _first(data.process_local_batches(**kw)), lambda: dict(
+        local_dataset=_dataset(), batch_size=8, sharding=_sharding(), seed=0, epoch=0,
+        drop_remainder=False), label="data.process_local_batches", batch_size=Count(),
+         seed=Count(0), epoch=Count(0), drop_remainder=Flag()),
+]
+CALLS = [c for c in CALLS if c.args]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import pytest
-from battery import Array, Axis, Choice, Count, Flag, Index, MeshArg, call, check, params
+from battery import (
+    Array,
+    Axis,
+    Choice,
+    Count,
+    Flag,
+    Index,
+    MeshArg,
+    Text,
+    call,
+    check,
+    params,
+)
 from helpers import mesh_of
 
 from spmd_guide.shard_map import collective_matmul, collectives, ring_costs, vma_rules
@@ -61,6 +73,22 @@ CALLS = [
          mesh=MeshArg(), axis_name=Axis()),
 ]
 
+
+CALLS += [
+    call(ring_costs.compile_variant, lambda: dict(
+        name="allgather", lhs=jnp.ones((8, 8)), rhs=jnp.ones((8, 4)), mesh=mesh_of(4),
+        axis_name="x"), name=Choice(), lhs=Array(ndim=2, kind="fi"), mesh=MeshArg(),
+        axis_name=Axis(), same=lambda a, b: True),
+    call(ring_costs.amounts_in_words, dict(named={"a": 1024, "b": 2048}, unit="bytes"),
+         unit=Text(empty_ok=False)),
+    call(ring_costs.draw_ring, dict(name="allgather_bidi", ring=4), name=Choice(),
+         ring=Count(), same=lambda a, b: True),
+    call(collectives.per_device_result, lambda: dict(
+        kernel=collectives.psum_kernel, x=jnp.arange(16.0), mesh=mesh_of(4), axis_name="x"),
+         x=Array(ndim=1, kind="fi"), mesh=MeshArg(), axis_name=Axis()),
+    call(collectives.hlo_rows, lambda: dict(mesh=mesh_of(4), axis_name="x"), mesh=MeshArg(),
+         axis_name=Axis(), same=lambda a, b: True),
+]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))

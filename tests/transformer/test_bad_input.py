@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import pytest
 from battery import (
     Array,
@@ -18,13 +19,23 @@ from battery import (
     Key,
     MeshArg,
     Real,
+    Tree,
     call,
     check,
     params,
 )
 from helpers import DEVICES, mesh_of
 
-from spmd_guide.transformer import attention, lm, memory, pricing, transformer, verify
+from spmd_guide.transformer import (
+    attention,
+    breakdown,
+    lm,
+    memory,
+    pricing,
+    step_memory,
+    transformer,
+    verify,
+)
 
 CONFIG = dict(vocab=16, d_model=16, n_heads=4, d_ff=32, n_layers=1, seq_len=8)
 
@@ -101,7 +112,32 @@ ARRAYS = [
         batch=Count(), mesh=MeshArg(axes=("data",))),
 ]
 
-CALLS = NUMERIC + ARRAYS
+MORE = [
+    call(attention.draw_ring, dict(n=4, seq=16, layout="zigzag"), n=Count(), seq=Count(),
+         layout=Choice(), same=lambda a, b: True),
+    call(attention.saved_for_backward, lambda: _qkv() | dict(mesh=mesh_of(2), axis_name="x",
+                                                             causal=True),
+         mesh=MeshArg(), axis_name=Axis(), causal=Flag()),
+    call(breakdown.scatter_forms, lambda: dict(mesh=mesh_of(4), axis_name="x"),
+         mesh=MeshArg(), axis_name=Axis()),
+    call(lm.cross_entropy, lambda: dict(logits=jnp.zeros((2, 8, 16)),
+                                        targets=jnp.zeros((2, 8), jnp.int32)),
+         logits=Array(ndim=3), targets=Array(ndim=2, kind="iu")),
+    call(lm.check_params, lambda: dict(params=_params(), config=_config()), params=Tree()),
+    call(lm.config_of, lambda: dict(params=_params()), params=Tree()),
+    call(step_memory.init_stack, dict(key=jax.random.key(0), layers=2, width=8), key=Key(),
+         layers=Count(), width=Count()),
+    call(step_memory.remat_grad, lambda: dict(mesh=mesh_of(4), variant="no remat", axis="x",
+                                              unrolled=False),
+         variant=Choice(), unrolled=Flag(), same=lambda a, b: True),
+    call(step_memory.hybrid_step, lambda: dict(
+        mesh=mesh_of(8, ("data", "fsdp"), (2, 4)), k=2, learning_rate=0.1, momentum=0.9,
+        loop=True), k=Count(), learning_rate=Real(), momentum=Real(positive=False, minimum=0.0,
+                                                                  maximum=1.0),
+         loop=Flag(), same=lambda a, b: True),
+]
+
+CALLS = NUMERIC + ARRAYS + MORE
 
 
 @pytest.mark.slow
