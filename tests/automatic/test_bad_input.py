@@ -24,6 +24,8 @@ from battery import (
     params,
 )
 from helpers import mesh_of
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from spmd_guide.automatic import closures, hidden_collectives, partitioning, uneven
 
@@ -61,6 +63,21 @@ CALLS = [
          label="partitioning.dump_dot", directory=PathArg(reads=False), same=anything),
 ]
 
+
+CALLS += [
+    call(partitioning.place, lambda: dict(array=jnp.arange(16.0).reshape(4, 4),
+                                          mesh=mesh_of(4), spec=P("x")),
+         array=Array(kind="fi"), mesh=MeshArg()),
+    call(partitioning.single_vs_sharded, lambda: dict(
+        fn=jnp.sin, arrays=[jnp.ones(8)], mesh=mesh_of(4), specs=[P("x")], runs=2),
+         runs=Count(), mesh=MeshArg(), same=anything),
+    call(lambda state, sharding: closures.init_from_closure(state, sharding)(), lambda: dict(
+        state=jnp.arange(8.0), sharding=NamedSharding(mesh_of(4), P("x"))),
+         label="closures.init_from_closure", state=Array(kind="fi")),
+    call(uneven.constrained_sum, lambda: dict(x=jnp.arange(8.0),
+                                              sharding=NamedSharding(mesh_of(4), P("x"))),
+         x=Array(kind="fi")),
+]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))

@@ -114,6 +114,11 @@ TREES = [
 CALLS = READERS + WRITERS + TREES
 
 
+CALLS += [
+    call(anatomy.layouts, lambda: dict(tree=_state(), names=["w"]), tree=Tree(free=True),
+         same=anything),
+]
+
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))
 def test_every_guarded_argument(c, arg, tag):

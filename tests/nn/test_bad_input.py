@@ -12,6 +12,7 @@ from battery import (
     Axis,
     Choice,
     Count,
+    Devices,
     Flag,
     Key,
     MeshArg,
@@ -21,12 +22,12 @@ from battery import (
     check,
     params,
 )
-from helpers import mesh_of
+from helpers import DEVICES, mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide import nn
-from spmd_guide.nn import cheat_sheet, mlp, step_diff, strategies, which_strategy
+from spmd_guide.nn import cheat_sheet, mlp, step_costs, step_diff, strategies, which_strategy
 
 
 def _params():
@@ -76,6 +77,22 @@ CALLS = [
 ]
 CALLS = [c for c in CALLS if c.args]
 
+
+CALLS += [
+    call(cheat_sheet.cheat_sheet, lambda: dict(names=["dp"], layer_sizes=[4, 8, 2],
+                                               batch_size=8, devices=DEVICES[:4]),
+         batch_size=Count(), devices=Devices(), same=anything),
+    call(cheat_sheet.adam_state_shardings, lambda: dict(params=_params(), how="jit"),
+         how=Choice(), same=anything),
+    call(step_costs.profile_step, lambda: dict(strategy="dp", params=_params(), batch=_batch(),
+                                               devices=DEVICES[:4], learning_rate=0.1, runs=2),
+         strategy=Choice(), learning_rate=Real(), runs=Count(), devices=Devices(),
+         same=anything),
+    call(step_costs.train_run, lambda: dict(strategy="dp", params=_params(), batch=_batch(),
+                                            steps=2, learning_rate=0.1, devices=DEVICES[:4],
+                                            runs=2),
+         steps=Count(), runs=Count(), same=anything),
+]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("c, arg, tag", params(CALLS))

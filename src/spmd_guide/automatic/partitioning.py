@@ -266,6 +266,15 @@ def single_vs_sharded(fn: Callable[..., Any], arrays: Sequence[Any], mesh: Mesh,
     and wait for their results, so the comparison is of steady-state calls.
     """
     checks.function("fn", fn)
+    checks.mesh("mesh", mesh)
+    runs = checks.count("runs", runs)
+    for what, value in (("arrays", arrays), ("specs", specs)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise checks.InputTypeError(
+                f"{what} must be a list (one entry per argument of fn), got "
+                f"{checks.value_text(value)}.")
+    if label is not None:
+        checks.text("label", label)
     if len(arrays) != len(specs):
         raise checks.InputError(f"need one PartitionSpec per array: {len(arrays)} arrays, "
                                 f"{len(specs)} specs.")

@@ -88,6 +88,7 @@ def constrained_sum(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     """``sum(sin(2 x))`` with ``2 x`` constrained to ``sharding``: an *intermediate* constraint,
     which the compiler honours on an uneven length by padding the blocks."""
     checks.sharding("sharding", sharding)
+    x = checks.array("x", x, dtype_kind="fiu")
     return jnp.sum(jnp.sin(jax.lax.with_sharding_constraint(2 * x, sharding)))
 
 
