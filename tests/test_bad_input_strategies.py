@@ -52,17 +52,17 @@ CALLS = [c for c in CALLS if c.args]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", params(CALLS))
-def test_every_guarded_argument(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(CALLS))
+def test_every_guarded_argument(c, arg):
+    check(c, arg)
 
 
 QUICK = [c for c in CALLS if c.label.endswith(".mesh") and "'dp'" in c.label]
 
 
-@pytest.mark.parametrize("c, arg, tag", params(QUICK))
-def test_device_lists_quick(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(QUICK))
+def test_device_lists_quick(c, arg):
+    check(c, arg)
 
 
 def test_a_device_count_the_strategy_cannot_split_is_refused():

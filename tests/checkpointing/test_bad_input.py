@@ -115,19 +115,19 @@ CALLS = READERS + WRITERS + TREES
 
 
 CALLS += [
-    call(anatomy.layouts, lambda: dict(tree=_state(), names=["w"]), tree=Tree(free=True),
+    call(anatomy.layouts, lambda: dict(tree=_state(), names=None), tree=Tree(free=True),
          same=anything),
 ]
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", params(CALLS))
-def test_every_guarded_argument(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(CALLS))
+def test_every_guarded_argument(c, arg):
+    check(c, arg)
 
 
 QUICK = [c for c in READERS if c.label in ("checkpoint.latest_step", "anatomy.listing")]
 
 
-@pytest.mark.parametrize("c, arg, tag", params(QUICK))
-def test_paths_quick(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(QUICK))
+def test_paths_quick(c, arg):
+    check(c, arg)

@@ -66,14 +66,14 @@ CALLS += [
 ]
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", params(CALLS))
-def test_every_guarded_argument(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(CALLS))
+def test_every_guarded_argument(c, arg):
+    check(c, arg)
 
 
 QUICK = [c for c in CALLS if c.label in ("hlo.ring_bytes", "timing.ratio_words")]
 
 
-@pytest.mark.parametrize("c, arg, tag", params(QUICK))
-def test_numbers_quick(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(QUICK))
+def test_numbers_quick(c, arg):
+    check(c, arg)

@@ -141,14 +141,14 @@ CALLS = NUMERIC + ARRAYS + MORE
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("c, arg, tag", params(CALLS))
-def test_every_guarded_argument(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(CALLS))
+def test_every_guarded_argument(c, arg):
+    check(c, arg)
 
 
 QUICK = [c for c in NUMERIC if c.label in ("lm.Config", "attention.causal_work")]
 
 
-@pytest.mark.parametrize("c, arg, tag", params(QUICK))
-def test_numbers_quick(c, arg, tag):
-    check(c, arg, tag)
+@pytest.mark.parametrize("c, arg", params(QUICK))
+def test_numbers_quick(c, arg):
+    check(c, arg)
