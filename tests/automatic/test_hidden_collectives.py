@@ -98,7 +98,11 @@ def test_bad_input_is_refused():
         with pytest.raises(checks.InputError, match="axis"):
             hc.sort_along(x, axis)
     with pytest.raises(checks.InputTypeError, match="keys"):
-        hc.shuffle_rows(jnp.zeros((4, 2), jnp.uint32), jnp.ones((4, 3)))
+        hc.shuffle_rows(jnp.zeros((4, 2), jnp.float32), jnp.ones((4, 3)))
+    typed = jax.random.split(jax.random.key(0), 4)  # legacy raw keys are keys too
+    rows = jnp.arange(12.0).reshape(4, 3)
+    assert (hc.shuffle_rows(jax.random.key_data(typed), rows) == hc.shuffle_rows(typed, rows)
+            ).all()
     with pytest.raises(checks.InputError, match="one key per row"):
         hc.shuffle_rows(jax.random.split(jax.random.key(0), 3), jnp.ones((4, 3)))
     with pytest.raises(checks.InputError, match="not divisible by 4"):

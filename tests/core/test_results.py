@@ -148,7 +148,7 @@ def test_table_columns_must_be_names(tmp_path):
 def test_bad_files_get_clear_errors(tmp_path):
     with pytest.raises(InputError, match="--json"):
         results.load(tmp_path / "missing.json")
-    with pytest.raises(InputError, match="no benchmark results from b.py"):
+    with pytest.raises(InputError, match="holds no benchmark results from b.py"):
         results.load_all(tmp_path, script="b.py")
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(InputError, match="not JSON"):

@@ -274,7 +274,7 @@ def test_other_bad_input_gets_clear_errors():
         collective_matmul.allgather_bidi(ok, np.ones((6, 4)), mesh, "x")
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
         collective_matmul.allgather(ok, ok, "x", "x")
-    with pytest.raises(ValueError, match="unknown collective matmul 'gather'"):
+    with pytest.raises(ValueError, match="unknown collective matmul name 'gather'"):
         collective_matmul.variant("gather")
 
 

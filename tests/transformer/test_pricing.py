@@ -19,7 +19,7 @@ TINY = dict(vocab=64, d_model=16, n_heads=2, d_ff=32, seq_len=8)
 
 
 @pytest.mark.parametrize("call, error, word", [
-    (lambda: pricing.transformer_counts("pp"), InputError, "unknown strategy 'pp'"),
+    (lambda: pricing.transformer_counts("pp"), InputError, "unknown strategy name 'pp'"),
     (lambda: pricing.transformer_counts(["dp"]), InputTypeError, "strategy"),
     (lambda: pricing.transformer_counts("dp", batch=0), InputError, "batch"),
     (lambda: pricing.transformer_counts("dp", batch=float("nan")), InputTypeError, "batch"),

@@ -20,9 +20,12 @@ check it against a one-device run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -72,7 +75,7 @@ def double_until_local(x: jax.Array, limit: float, mesh: Mesh, axis_name: str
         return values, trips[None]
 
     return jax.shard_map(local, mesh=mesh, in_specs=P(axis_name),
-                         out_specs=(P(axis_name), P(axis_name)))(x)
+                         out_specs=(P(axis_name), P(axis_name)))(_placed(x, mesh, axis_name))
 
 
 def double_n(x: jax.Array, trips: int) -> jax.Array:
@@ -84,14 +87,21 @@ def double_n(x: jax.Array, trips: int) -> jax.Array:
 def sort_along(x: jax.Array, axis: int) -> jax.Array:
     """``jnp.sort`` along ``axis``: if that dimension is sharded, blocks must meet."""
     x = checks.array("x", x, min_ndim=1)
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
-        raise checks.InputError(f"axis must be an int in [-{x.ndim}, {x.ndim}), got {axis!r}.")
+    axis = checks.dimension("axis", axis, x.ndim)
     return jnp.sort(x, axis=axis)
 
 
 def shuffle_rows(keys: jax.Array, x: jax.Array) -> jax.Array:
     """Permute each row of ``x`` with its own key (``vmap`` of ``jax.random.permutation``)."""
     x = checks.array("x", x, min_ndim=2)
+    return jax.vmap(jax.random.permutation)(_keys(keys, x), x)
+
+
+def _keys(keys: Any, x: Any) -> jax.Array:
+    """One typed key per row of ``x`` (legacy raw ``uint32[rows, 2]`` keys are wrapped)."""
+    if (isinstance(keys, (jax.Array, np.ndarray)) and keys.dtype == np.uint32
+            and keys.shape == (x.shape[0], 2)):
+        keys = jax.random.wrap_key_data(keys)  # legacy raw keys, one uint32[2] per row
     if not (hasattr(keys, "dtype") and jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key)):
         raise checks.InputTypeError(
             "keys must be typed random keys, one per row, e.g. "
@@ -99,7 +109,7 @@ def shuffle_rows(keys: jax.Array, x: jax.Array) -> jax.Array:
     if keys.shape != x.shape[:1]:
         raise checks.InputError(
             f"keys must hold one key per row: shape {x.shape[:1]}, got {keys.shape}.")
-    return jax.vmap(jax.random.permutation)(keys, x)
+    return keys
 
 
 def shuffle_rows_local(keys: jax.Array, x: jax.Array, mesh: Mesh, axis_name: str
@@ -113,5 +123,13 @@ def shuffle_rows_local(keys: jax.Array, x: jax.Array, mesh: Mesh, axis_name: str
     n = checks.axis(mesh, axis_name)
     x = checks.array("x", x, min_ndim=2)
     checks.divisible("x's rows", x.shape[0], n, why=f"over mesh axis {axis_name!r}")
+    keys = _keys(keys, x)
     return jax.shard_map(shuffle_rows, mesh=mesh, in_specs=(P(axis_name), P(axis_name)),
-                         out_specs=P(axis_name))(keys, x)
+                         out_specs=P(axis_name))(_placed(keys, mesh, axis_name),
+                                                 _placed(x, mesh, axis_name))
+
+
+def _placed(x: Any, mesh: Mesh, axis_name: str) -> Any:
+    """``x`` laid out as ``in_specs=P(axis_name)`` says: an Explicit-axes mesh refuses
+    inputs laid out otherwise (on Auto axes this only moves the rows)."""
+    return jax.device_put(x, NamedSharding(mesh, P(axis_name)))

@@ -239,7 +239,7 @@ def matmul_partitioning(name: str, mesh: Mesh, *, m: int = 16, k: int = 32,
     axes the sharded contraction would be a type error that asks for ``out_sharding``
     (Part II's explicit-sharding chapter shows it).
     """
-    checks.one_of("matmul case", name, MATMUL_CASES)
+    checks.one_of("matmul case name", name, MATMUL_CASES)
     checks.axis(mesh, "a", name="the mesh's first axis")
     checks.axis(mesh, "b", name="the mesh's second axis")
     mesh = Mesh(mesh.devices, mesh.axis_names,
@@ -266,6 +266,15 @@ def single_vs_sharded(fn: Callable[..., Any], arrays: Sequence[Any], mesh: Mesh,
     and wait for their results, so the comparison is of steady-state calls.
     """
     checks.function("fn", fn)
+    checks.mesh("mesh", mesh)
+    runs = checks.count("runs", runs)
+    for what, value in (("arrays", arrays), ("specs", specs)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise checks.InputTypeError(
+                f"{what} must be a list (one entry per argument of fn), got "
+                f"{checks.value_text(value)}.")
+    if label is not None:
+        checks.text("label", label)
     if len(arrays) != len(specs):
         raise checks.InputError(f"need one PartitionSpec per array: {len(arrays)} arrays, "
                                 f"{len(specs)} specs.")
@@ -309,7 +318,8 @@ def dump_dot(fn: Callable[..., Any], *args: Any,
     ``*.<backend>_after_optimizations.dot`` into ``directory``. Rendering
     them needs Graphviz (``dot -Tsvg``), which this book does not require.
     """
-    directory = Path(directory)
+    checks.function("fn", fn)
+    directory = checks.directory("directory", directory, must_exist=False)
     directory.mkdir(parents=True, exist_ok=True)
     before = set(directory.glob("*.dot"))
     hlo.compile(fn, *args, compiler_options={

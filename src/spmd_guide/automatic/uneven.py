@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -63,6 +63,9 @@ def observed_layout(length: int, mesh: Mesh, axis_name: str) -> str:
     Raises if the values are wrong or the layout is anything else."""
     length = checks.count("length", length)
     checks.axis(mesh, axis_name)
+    # The question is what the compiler does with a constraint, so the axes are Auto (a
+    # constraint may name only Auto axes): an Explicit mesh is used with its axes switched.
+    mesh = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
     sharding = NamedSharding(mesh, P(axis_name))
     x = jnp.arange(length, dtype=jnp.float32)
     try:
@@ -85,6 +88,7 @@ def constrained_sum(x: jax.Array, sharding: NamedSharding) -> jax.Array:
     """``sum(sin(2 x))`` with ``2 x`` constrained to ``sharding``: an *intermediate* constraint,
     which the compiler honours on an uneven length by padding the blocks."""
     checks.sharding("sharding", sharding)
+    x = checks.array("x", x, dtype_kind="fiu")
     return jnp.sum(jnp.sin(jax.lax.with_sharding_constraint(2 * x, sharding)))
 
 
@@ -93,8 +97,7 @@ def padded(x: Any, multiple: int, *, axis: int = 0) -> tuple[jax.Array, int]:
     original length (slice back with it, or mask the pad out of reductions)."""
     x = checks.array("x", x, min_ndim=1)
     multiple = checks.count("multiple", multiple)
-    if isinstance(axis, bool) or not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
-        raise checks.InputError(f"axis must be an int in [-{x.ndim}, {x.ndim}), got {axis!r}.")
+    axis = checks.dimension("axis", axis, x.ndim)
     n = x.shape[axis]
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, -n % multiple)

@@ -80,9 +80,7 @@ def _directory(directory: Any, *, must_exist: bool, name: str = "directory") -> 
         raise checks.InputError(
             f"{name} must not be empty or '.', got {checks.value_text(directory)}: it would "
             f"mean the current directory; name a directory explicitly (e.g. './checkpoints').")
-    path = path.expanduser().absolute()
-    if path.exists() and not path.is_dir():
-        raise checks.InputError(f"{name} {str(path)!r} is a file, not a directory.")
+    path = checks.directory(name, path, must_exist=False)  # not a file, nor below one
     if must_exist and not path.exists():
         raise checks.InputError(
             f"{name} {str(path)!r} does not exist: there is no checkpoint to restore.")
@@ -96,6 +94,10 @@ def _step(step: Any) -> int:
 def _state_leaves(state: Any) -> Any:
     """``state`` with every leaf an array (NumPy scalars and Python numbers become 0-d).
     ``None`` is an empty subtree, as in JAX (optax states have some)."""
+    if jax.tree.structure(state).num_nodes == 1 and jax.tree.leaves(state):  # one bare leaf
+        raise checks.InputTypeError(
+            f"state must be a pytree of arrays (a dict, a list...), got one leaf "
+            f"{checks.value_text(state)}; wrap a single array, e.g. {{'x': x}}.")
     if not _leaves("state", state):
         raise checks.InputError(f"state must hold at least one array, got "
                                 f"{checks.value_text(state)}.")

@@ -108,6 +108,17 @@ def real(name: str, value: Any, *, positive: bool = False, minimum: float | None
     return number
 
 
+def dimension(name: str, value: Any, ndim: int) -> int:
+    """An index of one of ``ndim`` dimensions, as NumPy takes it (``-1`` is the last; NumPy
+    and concrete JAX integer scalars are integers), returned in ``[0, ndim)``."""
+    try:
+        index = count(name, value, minimum=-ndim, maximum=ndim - 1)
+    except InputError as error:
+        raise type(error)(f"{error} {name} picks one of the {ndim} dimension(s): an integer "
+                          f"in [-{ndim}, {ndim}).") from None
+    return index % ndim
+
+
 def divisible(what: str, size: int, divisor: int, *, why: str = "") -> None:
     """The one even-split check: ``size`` must split into ``divisor`` equal parts.
 
@@ -274,6 +285,18 @@ def spec_fits(name: str, shape: Sequence[int], spec: Any, mesh_: Mesh) -> None:
                   why=f"over mesh axis {over}" if axes else "")
 
 
+def distinct_devices(name: str, devices: Sequence[Any]) -> None:
+    """Each device at most once: a mesh over one device listed twice would be a mesh of
+    fewer devices than its shape says (JAX's ``Mesh`` does not refuse it)."""
+    seen: set[Any] = set()
+    for device in devices:
+        if device in seen:
+            raise InputError(
+                f"{name} lists {device} more than once; each device can hold one place in a "
+                f"mesh (pass distinct devices, e.g. jax.devices()[:4]).")
+        seen.add(device)
+
+
 def sharding(name: str, value: Any) -> jax.sharding.Sharding:
     """A ``jax.sharding.Sharding`` (``NamedSharding(mesh, P('x'))``, a single device's...)."""
     if not isinstance(value, jax.sharding.Sharding):
@@ -334,6 +357,23 @@ def path(name: str, value: Any, *, what: str = "a path") -> pathlib.Path:
                          f"would mean the current directory (pathlib writes Path('') as '.'); "
                          f"name it explicitly (e.g. './out', or Path.cwd()).")
     return pathlib.Path(text_)
+
+
+def directory(name: str, value: Any, *, must_exist: bool, what: str = "a directory"
+              ) -> pathlib.Path:
+    """``value`` (checked by :func:`path`) as an absolute path to a directory: never a file,
+    nor a path below a file; with ``must_exist``, one that exists. Reads nothing else and
+    creates nothing, so a refused call leaves the disk as it was."""
+    found = path(name, value, what=f"a path to {what}").expanduser().absolute()
+    if found.exists() and not found.is_dir():
+        raise InputError(f"{name} {str(found)!r} is a file, not {what}.")
+    above = next((p for p in found.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise InputError(f"{name} {str(found)!r} lies below {str(above)!r}, which is a file, "
+                         f"not a directory.")
+    if must_exist and not found.exists():
+        raise InputError(f"{name} {str(found)!r} does not exist.")
+    return found
 
 
 def text(name: str, value: Any, *, empty: bool = False) -> str:

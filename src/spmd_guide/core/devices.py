@@ -12,9 +12,11 @@ import math
 import numbers
 import os
 import platform as _platform
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh
 
 from spmd_guide.core import checks, compile_cache
@@ -178,6 +180,22 @@ def environment_summary() -> Environment:
 _AXIS_TYPES = {"auto": AxisType.Auto, "explicit": AxisType.Explicit}
 
 
+def _device_list(devices: object) -> list[jax.Device]:
+    """``devices`` (a list, tuple or array of distinct ``jax.Device``) as a list."""
+    if isinstance(devices, (str, bytes, Mesh)) or not isinstance(
+            devices, (Sequence, np.ndarray)):
+        raise checks.InputTypeError(
+            f"devices must be a list of jax.Device such as jax.devices()[:4], got "
+            f"{checks.value_text(devices)}.")
+    listed = list(np.ravel(np.asarray(devices, dtype=object)))
+    if not all(isinstance(d, jax.Device) for d in listed):
+        raise checks.InputTypeError(
+            f"devices must hold jax.Device objects (from jax.devices()), got "
+            f"{checks.value_text(devices)}.")
+    checks.distinct_devices("devices", listed)
+    return listed
+
+
 def build_mesh(shape: object, names: object, *, devices: object = None,
                axis_types: str = "auto") -> Mesh:
     """The book's one mesh builder: ``jax.make_mesh`` on the first ``prod(shape)`` devices.
@@ -200,7 +218,7 @@ def build_mesh(shape: object, names: object, *, devices: object = None,
             f"need one distinct axis name (a string) per mesh dimension: shape {shape}, "
             f"names {names}.")
     kind = checks.one_of("axis_types", axis_types, _AXIS_TYPES)
-    available = list(jax.devices() if devices is None else devices)
+    available = list(jax.devices()) if devices is None else _device_list(devices)
     size = math.prod(shape)
     if size > len(available):
         raise checks.InputError(

@@ -160,7 +160,7 @@ def stack(*parts: Any) -> Html:
 def wrap(text: str, *, width: int = 76) -> str:
     """Fill each line of ``text`` to ``width`` columns (long words such as specs kept whole)."""
     if not isinstance(text, str):
-        raise checks.InputTypeError(f"wrap needs a string, got {type(text).__name__}.")
+        raise checks.InputTypeError(f"text must be a string, got {type(text).__name__}.")
     width = checks.count("width", width, minimum=10)
     return "\n".join(
         textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from spmd_guide.core.checks import InputTypeError
+from spmd_guide.core.checks import InputError, InputTypeError, count
 from spmd_guide.core.display import (  # noqa: F401 - re-exported: the figures' palette and fonts
     FONT_CSS,
     FONT_STACK,
@@ -202,10 +202,12 @@ def device_color(origin: int) -> tuple[float, float, float, float]:
     :data:`COMBINED` (drawn with a grey border)."""
     from matplotlib.colors import to_rgba
 
+    try:
+        origin = count("origin", origin, minimum=COMBINED)
+    except InputError as error:
+        raise type(error)(f"{error} An origin is a device index >= 0 or COMBINED (-1).") from None
     if origin == COMBINED:
         return (1.0, 1.0, 1.0, 1.0)
-    if origin < 0:
-        raise ValueError(f"an origin is a device index >= 0 or COMBINED (-1), got {origin}.")
     return to_rgba(PALETTE[origin % len(PALETTE)])
 
 

@@ -195,7 +195,9 @@ def load(path: str | pathlib.Path) -> Results:
     path = checks.path("path", path)
     if not path.is_file():
         raise checks.InputError(
-            f"no benchmark results at {path}: run the benchmark with --json {path} first.")
+            f"path {str(path)!r} holds no benchmark results"
+            f"{' (it is a directory)' if path.is_dir() else ''}: run the benchmark with "
+            f"--json {path} first.")
     try:
         record = json.loads(path.read_text())
     except json.JSONDecodeError as error:
@@ -229,6 +231,8 @@ def load_all(folder: str | pathlib.Path, *, script: str | None = None) -> list[R
     """Every run saved in ``folder`` (``*.json``, by file name), or only those ``script``
     made; a clear error if there is none, so a page never shows an empty section."""
     folder = checks.path("folder", folder)
+    if folder.exists() and not folder.is_dir():
+        raise checks.InputError(f"folder {str(folder)!r} is a file, not a directory of results.")
     if script is not None and (not isinstance(script, str) or not script):
         raise checks.InputTypeError(
             f"script must be the script's path as saved, such as 'benchmarks/strategies.py', "
@@ -238,6 +242,7 @@ def load_all(folder: str | pathlib.Path, *, script: str | None = None) -> list[R
         runs = [run for run in runs if run.script == script]
     if not runs:
         raise checks.InputError(
-            f"no benchmark results{f' from {script}' if script else ''} in {folder}: run "
+            f"folder {str(folder)!r} holds no benchmark results"
+            f"{f' from {script}' if script else ''}: run "
             f"the benchmark with --json {folder}/NAME.json first.")
     return runs

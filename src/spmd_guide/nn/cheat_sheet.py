@@ -350,7 +350,7 @@ def layout(
     learning_rate: float = 0.01,
 ) -> Layout:
     """Compile one strategy's programs on ``params``/``batch`` and read back every layout."""
-    checks.one_of("strategy", name, nn.STRATEGIES)
+    checks.one_of("strategy name", name, nn.STRATEGIES)
     checks.array_tree("params", params)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
     strategy = nn.STRATEGIES[name]

@@ -40,6 +40,9 @@ def device_list(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
     if bad is not None:
         raise checks.InputTypeError(
             f"devices must hold jax.Device objects (from jax.devices()), got {bad!r:.60}.")
+    if not listed:
+        raise checks.InputError("devices must hold at least one device, got an empty list.")
+    checks.distinct_devices("devices", listed)
     return listed
 
 
@@ -53,6 +56,7 @@ def trimmed(spec: P) -> P:
 
 def auto_twin(mesh: Mesh) -> Mesh:
     """``mesh`` with every axis Auto: the same devices and names (``mesh`` itself if so)."""
+    checks.mesh("mesh", mesh)
     if all(t == AxisType.Auto for t in mesh.axis_types):
         return mesh
     return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)

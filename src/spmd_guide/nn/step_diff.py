@@ -34,6 +34,8 @@ __all__ = ["ProgramFacts", "distinct_blocks", "dropout", "dropout_steps", "progr
 def dropout(x: jax.Array, key: jax.Array, *, rate: float) -> jax.Array:
     """Inverted dropout: zero each element with probability ``rate``, scale the rest."""
     rate = checks.real("rate", rate, minimum=0.0, maximum=1.0, inclusive_max=False)
+    key = checks.key("key", key)
+    x = checks.array("x", x)
     keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0)
 

@@ -286,6 +286,11 @@ class TwoAxisMesh(Strategy):
 
     model_size: int = 2
 
+    def __post_init__(self) -> None:
+        # Checked when built, not when a mesh is first asked for (NumPy/JAX ints become int).
+        object.__setattr__(self, "model_size", checks.count(
+            "model_size", self.model_size, maximum=checks.MAX_DEVICES))
+
     def _mesh_shape(self, n_devices: int) -> tuple[int, ...]:
         check_device_count(self.name, n_devices, self.model_size, self.axis_names[1])
         return (n_devices // self.model_size, self.model_size)

@@ -366,6 +366,7 @@ def _devices(devices: Any) -> list[jax.Device]:
         raise checks.InputTypeError(
             f"devices must be a non-empty list of JAX devices such as jax.devices()[:4], got "
             f"{devices!r:.60}.")
+    checks.distinct_devices("devices", devices)
     return devices
 
 

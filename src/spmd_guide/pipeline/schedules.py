@@ -141,7 +141,7 @@ def build_schedule(name: str, n_stages: int, n_microbatches: int) -> Schedule:
     Each stage runs the next operation of its order as soon as the operation's input was
     produced in an earlier step (see the module docs).
     """
-    checks.one_of("schedule", name, SCHEDULES)
+    checks.one_of("schedule name", name, SCHEDULES)
     n_stages = checks.count("n_stages", n_stages, maximum=checks.MAX_DEVICES)
     n_microbatches = checks.count("n_microbatches", n_microbatches, maximum=100_000)
     orders = [_order(name, n_stages, n_microbatches, s) for s in range(n_stages)]

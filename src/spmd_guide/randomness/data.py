@@ -125,6 +125,8 @@ def sharded_batches(dataset: Dataset, batch_size: int,
     a batch size that is not positive, exceeds the dataset, or does not
     split evenly over the sharding's batch axis.
     """
+    batch_size = checks.count("batch_size", batch_size)
+    seed, epoch = checks.count("seed", seed, minimum=0), checks.count("epoch", epoch, minimum=0)
     leaves, treedef = _leaves(dataset)
     shardings = _shardings_for(leaves, treedef, sharding)
     n = leaves[0].shape[0]
@@ -175,6 +177,8 @@ def process_local_batches(local_dataset: Dataset, batch_size: int,
     early leaves the others waiting). With one process it yields exactly
     the batches of :func:`sharded_batches`.
     """
+    batch_size = checks.count("batch_size", batch_size)
+    seed, epoch = checks.count("seed", seed, minimum=0), checks.count("epoch", epoch, minimum=0)
     leaves, treedef = _leaves(local_dataset)
     shardings = _shardings_for(leaves, treedef, sharding)
     _check_batch_size(batch_size, leaves, shardings)

@@ -200,9 +200,17 @@ def device_key(key: jax.Array,
         names = ()
     if not names or not all(isinstance(n, str) and n for n in names):
         raise checks.InputError(
-            f"device_key needs mesh axis names ('x' or ('x', 'y')), "
+            f"axis_names must be mesh axis names ('x' or ('x', 'y')), "
             f"got {axis_names!r}.")
-    return jax.random.fold_in(key, jax.lax.axis_index(names))
+    key = checks.key("key", key)
+    try:
+        index = jax.lax.axis_index(names)
+    except NameError:
+        raise checks.InputError(
+            f"axis_names {axis_names!r}: device_key runs inside jax.shard_map over a mesh "
+            f"with these axes (it folds in each device's position along them); called "
+            f"elsewhere there is no such axis.") from None
+    return jax.random.fold_in(key, index)
 
 
 def dropout(key: jax.Array, x: jax.Array, *, rate: float) -> jax.Array:

@@ -389,4 +389,4 @@ FAMILY_SPECS: dict[str, Callable[[str], tuple[P, P]]] = {
 
 def variant(name: str) -> Matmul:
     """The variant called ``name``; a clear error listing the names."""
-    return VARIANTS[checks.one_of("collective matmul", name, VARIANTS)]
+    return VARIANTS[checks.one_of("collective matmul name", name, VARIANTS)]

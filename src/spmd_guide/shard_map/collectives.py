@@ -207,6 +207,7 @@ def psum_scatter_tiled_kernel(block: jax.Array, axis_name: str) -> jax.Array:
 def ring_shift_kernel(block: jax.Array, axis_name: str, *,
                       step: int = 1) -> jax.Array:
     """Device i sends its block to device (i + step) % n."""
+    step = checks.count("step", step, minimum=-checks.MAX_DEVICES, maximum=checks.MAX_DEVICES)
     n = jax.lax.axis_size(axis_name)
     perm = [(i, (i + step) % n) for i in range(n)]
     return jax.lax.ppermute(block, axis_name, perm=perm)
@@ -333,7 +334,7 @@ EXAMPLES: dict[str, CollectiveExample] = {
 
 def example(name: str) -> CollectiveExample:
     """The worked example called ``name``; a clear error listing the names otherwise."""
-    return EXAMPLES[checks.one_of("collective example", name, EXAMPLES)]
+    return EXAMPLES[checks.one_of("collective example name", name, EXAMPLES)]
 
 
 # --------------------------------------------------------------------------------------

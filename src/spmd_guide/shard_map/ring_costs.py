@@ -42,6 +42,7 @@ class CompiledMatmul:
 def is_bidi(name: str) -> bool:
     """Whether variant ``name`` sends half of each block each way round (its blocks are
     halves: twice as many as the ring has devices)."""
+    variant(name)  # an unknown name is refused, not called one-way
     return "_bidi" in name
 
 

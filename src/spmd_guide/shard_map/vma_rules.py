@@ -20,10 +20,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from spmd_guide.core import checks
@@ -34,6 +35,12 @@ __all__ = ["all_to_all_block_shape", "mix", "psum_twice", "summed_jaxpr"]
 def _mesh_axis(mesh: Mesh, axis_name: str) -> int:
     checks.mesh("mesh", mesh)
     return checks.axis(mesh, axis_name)
+
+
+def _placed(x: Any, mesh: Mesh, axis_name: str) -> Any:
+    """``x`` laid out as ``in_specs=P(axis_name)`` says: an Explicit-axes mesh refuses
+    inputs laid out otherwise (on Auto axes this only moves the rows)."""
+    return jax.device_put(x, NamedSharding(mesh, P(axis_name)))
 
 
 def psum_twice(x: jax.Array, mesh: Mesh, axis_name: str, *, check_vma: bool = True
@@ -52,7 +59,7 @@ def psum_twice(x: jax.Array, mesh: Mesh, axis_name: str, *, check_vma: bool = Tr
         return jax.lax.psum(jax.lax.psum(block.sum(), axis_name), axis_name)
 
     return jax.shard_map(kernel, mesh=mesh, in_specs=P(axis_name), out_specs=P(),
-                         check_vma=check_vma)(x)
+                         check_vma=check_vma)(_placed(x, mesh, axis_name))
 
 
 def summed_jaxpr(mesh: Mesh, axis_name: str) -> list[str]:
@@ -78,7 +85,8 @@ def mix(x: jax.Array, mesh: Mesh, axis_name: str, *, pcast: bool) -> jax.Array:
             total = jax.lax.pcast(total, axis_name, to="varying")
         return block + total
 
-    return jax.shard_map(kernel, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))(x)
+    return jax.shard_map(kernel, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))(
+        _placed(x, mesh, axis_name))
 
 
 def all_to_all_block_shape(block_shape: Sequence[int], mesh: Mesh, axis_name: str, *,
@@ -107,5 +115,6 @@ def all_to_all_block_shape(block_shape: Sequence[int], mesh: Mesh, axis_name: st
         return out[None]
 
     f = jax.shard_map(kernel, mesh=mesh, in_specs=P(axis_name), out_specs=P(axis_name))
-    jax.eval_shape(f, jax.ShapeDtypeStruct((n, *shape), jnp.float32))
+    jax.eval_shape(f, jax.ShapeDtypeStruct((n, *shape), jnp.float32,
+                                           sharding=NamedSharding(mesh, P(axis_name))))
     return seen[0]

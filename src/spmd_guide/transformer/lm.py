@@ -342,6 +342,10 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     ``jit``): a NaN or infinite logit gives a NaN loss, as in JAX.
     """
     logits = checks.array("logits", logits, min_ndim=1, dtype_kind="f")
+    if hasattr(targets, "shape") and len(targets.shape) != len(logits.shape) - 1:
+        raise checks.InputError(
+            f"targets has shape {tuple(targets.shape)} and logits {tuple(logits.shape)}: "
+            f"targets must have logits' shape without its last (vocab) axis.")
     targets = _check_ids("targets", targets, logits.shape[-1], ndim=len(logits.shape) - 1)
     checks.same_shape("targets", targets, logits.shape[:-1], other="logits without its last axis")
     return _cross_entropy(logits, targets)

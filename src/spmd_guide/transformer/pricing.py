@@ -47,7 +47,7 @@ def transformer_counts(name: str, *, batch: int = LM_BATCH, devices: Any = None,
     the strategy builds its own mesh over them. Sizes that do not split over that mesh (a
     batch the data axis does not divide, a width the model axis does not) raise
     ``InputError`` naming the size and the axis, before anything is compiled."""
-    name = hardware.choice("strategy", name, transformer.STRATEGIES)
+    name = hardware.choice("strategy name", name, transformer.STRATEGIES)
     batch = checks.count("batch", batch)
     config = transformer.Config(**_sizes(config))
     devices = roofline.as_devices(devices)

@@ -82,6 +82,9 @@ def stack_loss(ws: jax.Array, x: jax.Array, *, layer: Callable[..., Any] | None 
     """Mean square of the stack's output on ``x`` ``[batch, width]``; ``layer(h, w) -> (h,
     None)`` runs one layer (default: ``tanh(h @ w)``, unconstrained). The layers run in a
     ``lax.scan``, or with ``unrolled=True`` in a Python loop (one copy per layer)."""
+    unrolled = checks.flag("unrolled", unrolled)
+    if layer is not None:
+        checks.function("layer", layer)
     layer = layer or (lambda h, w: (jnp.tanh(h @ w), None))
     if unrolled:
         h = x
@@ -100,6 +103,13 @@ def fsdp_layer(mesh: Mesh, *, gather: bool, batch_axes: Any = "x") -> Callable[.
     remat policy can save it or not. With ``gather=False`` the weight enters the matmul
     sharded and the partitioner inserts the all-gather, after JAX's autodiff has run.
     """
+    gather = checks.flag("gather", gather)
+    axes = checks.spec_axes(batch_axes)
+    if not axes or not all(isinstance(a, str) for a in axes):
+        raise checks.InputTypeError(
+            f"batch_axes must be a mesh axis name or a tuple of them, got "
+            f"{checks.value_text(batch_axes)}.")
+    checks.mesh_axes("mesh", mesh, axes, why="(batch_axes names them)")
     batch = NamedSharding(mesh, P(batch_axes, None))
     whole = NamedSharding(mesh, P())
 

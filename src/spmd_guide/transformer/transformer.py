@@ -85,6 +85,7 @@ def _devices(devices: Any) -> list[jax.Device]:
         raise checks.InputError(
             f"devices must be a non-empty list of jax devices such as jax.devices()[:4], got "
             f"{checks.value_text(devices)}.")
+    checks.distinct_devices("devices", devices)
     return devices
 
 
