@@ -255,14 +255,16 @@ def test_a_step_frees_no_array_another_object_holds():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # same start, same step
 
 
-def check_zero1_step(n, axis_types):
-    """ZeRO-1: a 'dp' model whose AdamW moments are laid out by the 'fsdp' table. One step
+def check_zero1_step(n, axis_types, *, gradient_layout="params"):
+    """ZeRO-1: a 'dp' model whose AdamW moments are laid out by the 'fsdp' table (ZeRO-2
+    with ``gradient_layout='state'``: the gradient kept in the moments' layout too). One step
     equals Part IX's one-device AdamW step; the parameters stay whole on every device, the
     moments stay split over data, as the fsdp table lays them out."""
     mesh = _mesh("dp", n, axis_types)
     model = create(CONFIG, strategy="dp", mesh=mesh)
     before = _host(to_lm_params(model))
-    optimizer = make_optimizer(model, learning_rate=1e-2, state_strategy="fsdp")
+    optimizer = make_optimizer(model, learning_rate=1e-2, state_strategy="fsdp",
+                               gradient_layout=gradient_layout)
     value = train_step(model, optimizer, tokens(), microbatches=2)
     ref_loss, want = _reference_step(before, tokens())
     np.testing.assert_allclose(value, ref_loss, rtol=1e-5)
@@ -281,6 +283,29 @@ def check_zero1_step(n, axis_types):
                                                for k in ("auto", "explicit")])
 def test_zero1_step_sweep(n, axis_types):
     check_zero1_step(n, axis_types)
+
+
+def test_zero2_step_equals_the_one_device_step():
+    """ZeRO-2, the gradient in the moments' layout: the same step as one device's AdamW."""
+    check_zero1_step(4, "explicit", gradient_layout="state")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "axis_types"), [(n, k) for n in (2, 4, 8)
+                                               for k in ("auto", "explicit")])
+def test_zero2_step_sweep(n, axis_types):
+    check_zero1_step(n, axis_types, gradient_layout="state")
+
+
+def test_gradient_layout_is_one_of_two_names():
+    model = create(CONFIG, strategy="dp", mesh=_mesh("dp", 2, "auto"))
+    for bad in ("zero2", "", "State", None, True, 2, 2.0, np.int64(1), ("state",)):
+        with pytest.raises(InputError, match="gradient_layout"):
+            make_optimizer(model, state_strategy="fsdp", gradient_layout=bad)
+    with pytest.raises(InputError, match="gradient_layout"):
+        make_optimizer(Model(CONFIG, rngs=nnx.Rngs(0)), gradient_layout="zero2")
+    with pytest.raises(TypeError):
+        make_optimizer(model, 1e-2, "fsdp", "state")  # keyword-only
 
 
 def test_zero1_needs_a_mesh_and_a_table_for_it():

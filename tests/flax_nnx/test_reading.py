@@ -177,3 +177,20 @@ def test_zero1_splits_the_state_and_adds_the_parameter_gathers(n, kind):
     assert plain["collectives"]["all-gather"] == 0
     assert zero1["collectives"]["all-reduce"] == plain["collectives"]["all-reduce"]
     assert zero1["sent"] - plain["sent"] == plain["parameters"] * (n - 1) // n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "kind"), [(2, "explicit"), (8, "auto")])
+def test_zero2_on_xla_cpu_compiles_to_zero1s_collectives_and_memory(n, kind):
+    """What the page states for XLA:CPU: pinning the gradient to the moments' layout (ZeRO-2)
+    changes neither the collectives (the one all-reduce stays; no reduce-scatter) nor the
+    temporaries of ZeRO-1's step; it moves the slice of the gradient before the update."""
+    model = logical.abstract_model(CONFIG, strategy="dp", mesh=_mesh("dp", n, kind))
+    zero1 = reading.optimizer_costs(model, tokens(), state_strategy="fsdp")
+    zero2 = reading.optimizer_costs(model, tokens(), state_strategy="fsdp",
+                                    gradient_layout="state")
+    assert zero2["collectives"]["reduce-scatter"] == 0
+    assert zero2["collectives"]["all-reduce"] == 1
+    assert zero2 == zero1
+    with pytest.raises(InputError, match="gradient_layout"):
+        reading.optimizer_costs(model, tokens(), state_strategy="fsdp", gradient_layout="zero2")

@@ -57,8 +57,8 @@ from spmd_guide.flax_nnx.rules import (
 from spmd_guide.transformer import lm
 from spmd_guide.transformer.attention import reference_attention
 
-__all__ = ["RULES", "Model", "abstract_model", "check_concrete", "check_model", "create", "loss",
-           "make_optimizer", "mesh_spec", "param_specs", "to_lm_params", "train_step"]
+__all__ = ["GRADIENT_LAYOUTS", "RULES", "Model", "abstract_model", "check_concrete",
+           "check_gradient_layout", "check_model", "create", "loss", "make_optimizer", "mesh_spec", "param_specs", "to_lm_params", "train_step"]
 
 # --------------------------------------------------------------------------- the model
 
@@ -325,17 +325,35 @@ def _place_tokens(model: Model, tokens: Any) -> jax.Array:
     return jax.device_put(tokens, NamedSharding(model.mesh, spec))
 
 
+#: Where ``train_step`` keeps the gradient (``make_optimizer(..., gradient_layout=...)``):
+#: in the parameters' layout, or in the optimizer state's (ZeRO-2 under a split state).
+GRADIENT_LAYOUTS = ("params", "state")
+
+
+def check_gradient_layout(gradient_layout: Any) -> str:
+    """``gradient_layout`` if it is one of :data:`GRADIENT_LAYOUTS`."""
+    return checks.one_of("gradient_layout", gradient_layout, GRADIENT_LAYOUTS)
+
+
 def make_optimizer(model: Model, *, learning_rate: float = 1e-3,
-                   state_strategy: str | None = None) -> nnx.Optimizer:
+                   state_strategy: str | None = None,
+                   gradient_layout: str = "params") -> nnx.Optimizer:
     """``nnx.Optimizer`` with optax AdamW over the model's ``nnx.Param``s, its moments made
     under ``jax.jit`` in the parameters' layouts (ZeRO-3 keeps them split like the weights).
 
     ``state_strategy`` lays the moments out by another table, ``RULES[state_strategy]``, on the
     model's mesh: ``make_optimizer(<a 'dp' model>, state_strategy='fsdp')`` is ZeRO-1 (the
     moments split over ``data``, the parameters whole). :func:`train_step` keeps both layouts.
+
+    ``gradient_layout`` says where :func:`train_step` keeps the gradient between the backward
+    pass and the update: ``'params'`` (the parameters' layout: whole under ``dp``, so every
+    device holds all of it) or ``'state'`` (the optimizer state's layout: with
+    ``state_strategy='fsdp'`` each device keeps only its slice of the reduced gradient,
+    ZeRO-2). The two give the same update.
     """
     model = check_concrete(check_model(model))
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
+    gradient_layout = check_gradient_layout(gradient_layout)
     tx = _adamw(learning_rate)
     if model.mesh is None:
         if state_strategy is not None:
@@ -343,15 +361,17 @@ def make_optimizer(model: Model, *, learning_rate: float = 1e-3,
                 "state_strategy lays the optimizer state out on the model's mesh, and this "
                 "model has none; build it with create(..., mesh=...).")
         return _owned(nnx.Optimizer(model, tx, wrt=nnx.Param), model)
+    state_grads = gradient_layout == "state"
     rules = model.rules if state_strategy is None else check_rules(rules_of(state_strategy),
                                                                    model.mesh)
     graphdef, state = nnx.split(model)
-    key = (graphdef, tx, rules)
+    key = (graphdef, tx, rules, state_grads)
     if key not in _OPTIMIZER_PROGRAMS:  # one compile per model graph, learning rate, table
 
         def make(state):
             optimizer = nnx.Optimizer(nnx.merge(graphdef, state), tx, wrt=nnx.Param)
             optimizer.state_rules = rules  # static: train_step keeps the state in it
+            optimizer.state_grads = state_grads  # static: and the gradient in it (ZeRO-2)
             return optimizer
 
         opt_graphdef, abstract = nnx.split(nnx.eval_shape(make, state))
@@ -423,7 +443,7 @@ def _grads(graphdef: Any, state: Any, tokens: jax.Array, microbatches: int,
            rules: Rules | None = None) -> Any:
     """:func:`grads_fn` on the model's mesh: under ``auto_axes`` on Explicit axes, with the
     loss replicated and each gradient in its parameter's layout, or in the layout ``rules``
-    give it (the optimizer state's, under ZeRO-1: the gradient is then reduce-scattered)."""
+    give it (the optimizer state's, under ZeRO-2: each device keeps its slice of the sum)."""
     model = nnx.merge(graphdef, state)
     if model.mesh is None:
         return grads_fn(graphdef, microbatches)(state, tokens)
@@ -446,11 +466,14 @@ def _step_program(graphdef: Any, opt_graphdef: Any, state: Any, opt_state: Any,
         value, grads = _grads(graphdef, state, tokens, microbatches)
         return *update(state, opt_state, grads), value
     # Each state keeps its table's layout: the parameters the model's, the optimizer state
-    # its own. Under ZeRO-1 (another table) the gradients come in the moments' layout
-    # (reduce-scattered), the update runs on those slices, and the new parameters are
-    # gathered back into theirs.
-    rules = getattr(nnx.merge(opt_graphdef, opt_state), "state_rules", None) or model.rules
-    value, grads = _grads(graphdef, state, tokens, microbatches, rules)
+    # its own. Under ZeRO-1 (another table) the gradients come in the parameters' layout and
+    # the update gives the moments' slices; under ZeRO-2 (gradient_layout='state') the
+    # gradients come in the moments' layout, pinned there, so each device keeps its slice
+    # of the sum. Either way the new parameters are laid back out in theirs.
+    optimizer = nnx.merge(opt_graphdef, opt_state)
+    rules = getattr(optimizer, "state_rules", None) or model.rules
+    grad_rules = rules if getattr(optimizer, "state_grads", False) else model.rules
+    value, grads = _grads(graphdef, state, tokens, microbatches, grad_rules)
     out = (_shardings(state, model.rules, model.mesh),
            _shardings(opt_state, rules, model.mesh))
     if _explicit(model.mesh):

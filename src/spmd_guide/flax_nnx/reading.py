@@ -46,18 +46,20 @@ def gradient(model: logical.Model, tokens: Any, *, microbatches: int = 1) -> tup
 
 def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
                  learning_rate: float = 1e-3, state_strategy: str | None = None,
-                 dump_to: Any = None) -> Any:
+                 gradient_layout: str = "params", dump_to: Any = None) -> Any:
     """The compiled program ``train_step`` runs (gradient and AdamW update), not run.
     ``model`` may be :func:`logical.abstract_model`'s: the optimizer state is then abstract
     too, each leaf with the sharding the model's table (or ``RULES[state_strategy]``, as in
-    ``make_optimizer``) gives it, and nothing is allocated. With ``dump_to`` (a directory),
+    ``make_optimizer``) gives it, and nothing is allocated; ``gradient_layout`` as in
+    ``make_optimizer`` (``'state'``: ZeRO-2). With ``dump_to`` (a directory),
     XLA writes the program as it leaves the SPMD partitioner there (:func:`partitioned_text`
     reads it)."""
     model = logical.check_model(model)
     microbatches = checks.count("microbatches", microbatches)
     tokens = logical._check_tokens(model, tokens, microbatches)
     optimizer = abstract_optimizer(model, learning_rate=learning_rate,
-                                   state_strategy=state_strategy)
+                                   state_strategy=state_strategy,
+                                   gradient_layout=gradient_layout)
     options = {}
     if dump_to is not None:
         folder = checks.path("dump_to", dump_to, what="a path to a directory")
@@ -72,11 +74,13 @@ def step_program(model: logical.Model, tokens: Any, *, microbatches: int = 1,
 
 
 def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
-                       state_strategy: str | None = None) -> Any:
+                       state_strategy: str | None = None,
+                       gradient_layout: str = "params") -> Any:
     """The ``nnx.Optimizer`` :func:`logical.make_optimizer` would make, with
     ``jax.ShapeDtypeStruct`` values that carry their shardings: nothing is allocated."""
     model = logical.check_model(model)
     learning_rate = checks.real("learning_rate", learning_rate, positive=True)
+    state_grads = logical.check_gradient_layout(gradient_layout) == "state"
     if model.mesh is None:
         if state_strategy is not None:
             raise checks.InputError("state_strategy needs a model on a mesh (create).")
@@ -90,6 +94,7 @@ def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
         optimizer = nnx.Optimizer(m, tx, wrt=nnx.Param)
         if rules is not None:
             optimizer.state_rules = rules
+            optimizer.state_grads = state_grads
         return optimizer
 
     optimizer = nnx.eval_shape(make, model)
@@ -98,18 +103,23 @@ def abstract_optimizer(model: logical.Model, *, learning_rate: float = 1e-3,
     return optimizer
 
 
-def optimizer_costs(model: logical.Model, tokens: Any, *,
-                    state_strategy: str | None = None) -> dict[str, Any]:
+def optimizer_costs(model: logical.Model, tokens: Any, *, state_strategy: str | None = None,
+                    gradient_layout: str = "params") -> dict[str, Any]:
     """Per device, for AdamW's state laid out by the model's table or by
-    ``RULES[state_strategy]`` (ZeRO-1: ``'fsdp'`` under a ``'dp'`` model): the bytes of the
-    parameters and of the optimizer state a device holds, and the collectives of the compiled
-    step (counts by kind, bytes sent). Nothing is allocated for an abstract model."""
-    optimizer = abstract_optimizer(model, state_strategy=state_strategy)
-    ops = hlo.collectives_in_text(
-        step_program(model, tokens, state_strategy=state_strategy).as_text())
+    ``RULES[state_strategy]`` (ZeRO-1: ``'fsdp'`` under a ``'dp'`` model; ZeRO-2 with
+    ``gradient_layout='state'`` too): the bytes of the parameters and of the optimizer state
+    a device holds, the collectives of the compiled step (counts by kind, bytes sent) and its
+    temporaries (``memory_analysis()``'s ``temp_size_in_bytes``). Nothing is allocated for an
+    abstract model."""
+    optimizer = abstract_optimizer(model, state_strategy=state_strategy,
+                                   gradient_layout=gradient_layout)
+    program = step_program(model, tokens, state_strategy=state_strategy,
+                           gradient_layout=gradient_layout)
+    ops = hlo.collectives_in_text(program.as_text())
     return {"parameters": bytes_per_device(nnx.state(model, nnx.Param)),
             "optimizer state": bytes_per_device(nnx.state(optimizer)),
-            "collectives": hlo.count_kinds(ops), "sent": sum(o.bytes_sent for o in ops)}
+            "collectives": hlo.count_kinds(ops), "sent": sum(o.bytes_sent for o in ops),
+            "temporaries": hlo.memory_per_device(program).temp_bytes}
 
 
 def partitioned_text(folder: Any) -> str:
