@@ -94,11 +94,12 @@ def _step(step: Any) -> int:
 def _state_leaves(state: Any) -> Any:
     """``state`` with every leaf an array (NumPy scalars and Python numbers become 0-d).
     ``None`` is an empty subtree, as in JAX (optax states have some)."""
-    if jax.tree.structure(state).num_nodes == 1 and jax.tree.leaves(state):  # one bare leaf
+    named = _leaves("state", state)   # refuses a tree JAX cannot flatten (mixed key types)
+    if jax.tree.structure(state).num_nodes == 1 and named:  # one bare leaf
         raise checks.InputTypeError(
             f"state must be a pytree of arrays (a dict, a list...), got one leaf "
             f"{checks.value_text(state)}; wrap a single array, e.g. {{'x': x}}.")
-    if not _leaves("state", state):
+    if not named:
         raise checks.InputError(f"state must hold at least one array, got "
                                 f"{checks.value_text(state)}.")
 
