@@ -118,3 +118,29 @@ def test_jax_starts_on_cpu_without_a_word_from_libtpu():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:2] == ["cpu", "TPU v6 lite"]
     assert proc.stderr == ""
+
+
+@pytest.mark.slow
+def test_compile_only_keeps_tpu_programs_out_of_the_compile_cache(tmp_path):
+    # JAX 0.12 writes a compile-only TPU program to the persistent cache but cannot load it
+    # back ("PjRtCompiler must be constructed with a Client"): it warns on every later run.
+    # compile_only compiles with the cache off, so a second process prints nothing either.
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from spmd_guide import ensure_devices
+        ensure_devices(8)
+        from spmd_guide.tpu.topology import compile_only, tpu_mesh
+        mesh = tpu_mesh("v5e:2x4", (8,), ("x",))
+        x = jax.ShapeDtypeStruct((64,), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+        print(compile_only(jax.jit(lambda v: v.sum()).trace(x).lower()).as_text()[:9])
+    """)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_PLATFORMS", "XLA_FLAGS") and not k.startswith("TPU_")}
+    env["SPMD_COMPILE_CACHE"] = str(tmp_path / "cache")
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.startswith("HloModule"), proc.stdout[:200]
+        assert proc.stderr == "", proc.stderr[-2000:]

@@ -25,7 +25,7 @@ from spmd_guide.core import checks, hlo
 from spmd_guide.core.devices import build_mesh
 from spmd_guide.core.hlo_text import parse_module, reachable
 from spmd_guide.tpu import schedule
-from spmd_guide.tpu.topology import tpu_mesh
+from spmd_guide.tpu.topology import compile_only, tpu_mesh
 
 __all__ = ["CLAIMS", "WEIGHT_SHAPES", "Claim", "compare", "gathers", "overlap_rows",
            "probe_program"]
@@ -206,7 +206,7 @@ def probe_program(claim: Claim | str, mesh: Mesh, *,
     options = dict(compiler_options or {})
     for key in options:
         checks.text("a compiler option's name", key)
-    return fn.trace(*args).lower().compile(options or None).as_text()
+    return compile_only(fn.trace(*args).lower(), options).as_text()
 
 
 def overlap_rows(program: str) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 from spmd_guide.core import checks, hlo
 from spmd_guide.nn import STRATEGIES as NN_STRATEGIES
 from spmd_guide.rooflines import hardware, roofline
-from spmd_guide.tpu.topology import chip_key, topology_devices
+from spmd_guide.tpu.topology import chip_key, compile_only, topology_devices
 from spmd_guide.transformer import lm, pricing, transformer
 
 __all__ = ["FAMILIES", "MLP_SIZES", "TRANSFORMER", "WIDE_FSDP_V5P", "DoesNotFit", "Program",
@@ -167,7 +167,7 @@ def available_hbm(topology: str) -> float:
     n = int(hardware.get_chip(chip_key(devices)).hbm_bytes) // 4
     double = jax.jit(lambda x: x * 2, in_shardings=sharding, out_shardings=sharding)
     try:
-        double.lower(jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding)).compile()
+        compile_only(double.lower(jax.ShapeDtypeStruct((n,), jnp.float32, sharding=sharding)))
     except jax.errors.JaxRuntimeError as error:
         match = _OOM.search(str(error))
         if match:
@@ -237,7 +237,7 @@ def _transformer_step(name: str, devices: tuple[jax.Device, ...], sizes: tuple, 
     tokens = jax.ShapeDtypeStruct((batch, config.seq_len + 1), jnp.int32,
                                   sharding=NamedSharding(mesh, strategy.token_spec()))
     with jax.set_mesh(mesh):
-        return trainer.step.trace(params, state, tokens).lower().compile(dict(options) or None)
+        return compile_only(trainer.step.trace(params, state, tokens).lower(), dict(options))
 
 
 @functools.cache
@@ -253,4 +253,4 @@ def _mlp_step(name: str, devices: tuple[jax.Device, ...], batch: int,
               jax.ShapeDtypeStruct((batch, widths[-1]), jnp.float32, sharding=rows))
     step = strategy.sgd_step(mesh, shapes, learning_rate=1e-2)
     with jax.set_mesh(mesh):
-        return step.trace(params, batch_).lower().compile(dict(options) or None)
+        return compile_only(step.trace(params, batch_).lower(), dict(options))

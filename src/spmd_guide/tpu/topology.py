@@ -24,9 +24,9 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, Mesh
 
-from spmd_guide.core import checks
+from spmd_guide.core import checks, compile_cache
 
-__all__ = ["GENERATIONS", "CHIP_KEYS", "chip_key", "topology_devices", "tpu_mesh",
+__all__ = ["GENERATIONS", "CHIP_KEYS", "chip_key", "compile_only", "topology_devices", "tpu_mesh",
            "unavailable"]
 
 #: The generations XLA:TPU compiles for by these names, with the chips per slice axis they
@@ -175,3 +175,13 @@ def tpu_mesh(topology: str, axis_shapes: Sequence[int], axis_names: Sequence[str
             f"has {len(devices)}: their product must be the slice's device count.")
     return jax.make_mesh(shape, names, devices=devices,
                          **({"axis_types": types} if types is not None else {}))
+
+
+def compile_only(lowered: jax.stages.Lowered,
+                 options: dict | None = None) -> jax.stages.Compiled:
+    """``lowered.compile(options)`` with JAX's persistent compile cache off: a program for
+    compile-only TPU devices can be written to the cache but not loaded back (JAX 0.12 warns
+    "PjRtCompiler must be constructed with a Client"), so the cache would only cost time
+    and print that warning on the page."""
+    with compile_cache.disabled():
+        return lowered.compile(options or None)
