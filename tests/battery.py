@@ -413,3 +413,20 @@ def check(call_: Call, arg: str) -> None:
         if verdict not in ("CLEAR", "OK"):
             failed.append(f"{verdict}: {call_.label}({arg}={tag}): {detail}")
     assert not failed, "\n".join(failed)
+
+
+def battery_tests(calls: list[Call], quick: list[Call]) -> tuple[Callable[..., None], ...]:
+    """The two tests of a topic's battery, for its test module to bind to its own names:
+    every guarded argument of ``calls`` (slow) and the representative ``quick`` ones."""
+    import pytest
+
+    @pytest.mark.slow
+    @pytest.mark.parametrize("c, arg", params(calls))
+    def every_guarded_argument(c: Call, arg: str) -> None:
+        check(c, arg)
+
+    @pytest.mark.parametrize("c, arg", params(quick))
+    def quick_ones(c: Call, arg: str) -> None:
+        check(c, arg)
+
+    return every_guarded_argument, quick_ones

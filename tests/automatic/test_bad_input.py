@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import pytest
 from battery import (
     Array,
     Axis,
@@ -18,10 +17,9 @@ from battery import (
     PathArg,
     Real,
     anything,
+    battery_tests,
     call,
-    check,
     fresh_root,
-    params,
 )
 from helpers import mesh_of
 from jax.sharding import NamedSharding
@@ -79,15 +77,5 @@ CALLS += [
          x=Array(kind="fi")),
 ]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("uneven.padded", "uneven.returned_layout")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)

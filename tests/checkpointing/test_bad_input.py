@@ -10,7 +10,6 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
-import pytest
 from battery import (
     Choice,
     Count,
@@ -18,10 +17,9 @@ from battery import (
     PathArg,
     Tree,
     anything,
+    battery_tests,
     call,
-    check,
     fresh_root,
-    params,
 )
 from helpers import mesh_of
 from jax.sharding import NamedSharding
@@ -119,15 +117,5 @@ CALLS += [
          same=anything),
 ]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in READERS if c.label in ("checkpoint.latest_step", "anatomy.listing")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_paths_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_paths_quick = battery_tests(CALLS, QUICK)

@@ -6,7 +6,6 @@ argument (nothing on disk changed), or (for a valid form) the plain value's answ
 from __future__ import annotations
 
 import jax.numpy as jnp
-import pytest
 from battery import (
     Choice,
     Count,
@@ -15,10 +14,9 @@ from battery import (
     Real,
     Text,
     anything,
+    battery_tests,
     call,
-    check,
     fresh_root,
-    params,
 )
 from helpers import DEVICES
 
@@ -65,15 +63,5 @@ CALLS += [
          folder=PathArg()),
 ]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("hlo.ring_bytes", "timing.ratio_words")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)

@@ -7,8 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from battery import Flag, MeshArg, anything, call, check, params
+from battery import Flag, MeshArg, anything, battery_tests, call
 from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -32,15 +31,5 @@ CALLS = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("show.shard_blocks",)]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_flags_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_flags_quick = battery_tests(CALLS, QUICK)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import pytest
 from battery import (
     Axis,
     Choice,
@@ -18,9 +17,8 @@ from battery import (
     MeshArg,
     Real,
     anything,
+    battery_tests,
     call,
-    check,
-    params,
 )
 from helpers import DEVICES, mesh_of
 from jax.sharding import NamedSharding
@@ -94,15 +92,5 @@ CALLS += [
          steps=Count(), runs=Count(), same=anything),
 ]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("which_strategy.recommend",)]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)

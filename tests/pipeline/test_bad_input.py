@@ -6,7 +6,6 @@ Explicit axes) the plain value's answer."""
 from __future__ import annotations
 
 import jax
-import pytest
 from battery import (
     Array,
     Axis,
@@ -16,9 +15,8 @@ from battery import (
     MeshArg,
     Real,
     Text,
+    battery_tests,
     call,
-    check,
-    params,
 )
 from helpers import mesh_of
 
@@ -149,15 +147,5 @@ MORE = [
 ]
 CALLS += MORE
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in NUMERIC if c.label in ("axes.Model", "moe.dispatch_buffer_bytes")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from battery import Axis, Count, Flag, Key, MeshArg, Real, Text, call, check, params
+from battery import Axis, Count, Flag, Key, MeshArg, Real, Text, battery_tests, call
 from helpers import mesh_of
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -84,15 +83,5 @@ CALLS += [
 ]
 CALLS = [c for c in CALLS if c.args]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("data.epoch_order", "prng.dropout")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_keys_and_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_keys_and_numbers_quick = battery_tests(CALLS, QUICK)

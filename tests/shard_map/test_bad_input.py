@@ -6,7 +6,6 @@ form) the plain value's answer."""
 from __future__ import annotations
 
 import jax.numpy as jnp
-import pytest
 from battery import (
     Array,
     Axis,
@@ -16,9 +15,8 @@ from battery import (
     Index,
     MeshArg,
     Text,
+    battery_tests,
     call,
-    check,
-    params,
 )
 from helpers import mesh_of
 
@@ -90,15 +88,5 @@ CALLS += [
          axis_name=Axis(), same=lambda a, b: True),
 ]
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in CALLS if c.label in ("ring_costs.ring_bound_bytes",)]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)

@@ -9,7 +9,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import pytest
 from battery import (
     Array,
     Axis,
@@ -20,9 +19,8 @@ from battery import (
     MeshArg,
     Real,
     Tree,
+    battery_tests,
     call,
-    check,
-    params,
 )
 from helpers import DEVICES, mesh_of
 
@@ -140,15 +138,5 @@ MORE = [
 CALLS = NUMERIC + ARRAYS + MORE
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("c, arg", params(CALLS))
-def test_every_guarded_argument(c, arg):
-    check(c, arg)
-
-
 QUICK = [c for c in NUMERIC if c.label in ("lm.Config", "attention.causal_work")]
-
-
-@pytest.mark.parametrize("c, arg", params(QUICK))
-def test_numbers_quick(c, arg):
-    check(c, arg)
+test_every_guarded_argument, test_numbers_quick = battery_tests(CALLS, QUICK)
