@@ -137,3 +137,13 @@ def test_path_returns_a_pathlib_path():
     assert checks.path("out", pathlib.Path.cwd()) == pathlib.Path.cwd()
     assert checks.path("out", "a/b") == pathlib.Path("a/b")
     assert checks.path("out", pathlib.Path("/tmp")) == pathlib.Path("/tmp")
+
+
+@pytest.mark.parametrize(("names", "error"), [
+    ("data", checks.InputTypeError), (None, checks.InputTypeError), (("a",), checks.InputError),
+    (("a", "a"), checks.InputError), (("a", ""), checks.InputError), (("a", 1), checks.InputError),
+])
+def test_axis_names_are_one_distinct_non_empty_string_per_axis(names, error):
+    with pytest.raises(error, match="names"):
+        checks.axis_names("names", names, (4, 2))
+    assert checks.axis_names("names", ["data", "model"], (4, 2)) == ("data", "model")

@@ -69,6 +69,22 @@ def count(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None
     return value
 
 
+def axis_names(name: str, names: Any, shape: tuple[int, ...]) -> tuple[str, ...]:
+    """Mesh axis names: a tuple or list of distinct, non-empty strings, one per axis of
+    ``shape`` (the book's mesh builders, CPU or TPU, share this rule)."""
+    if isinstance(names, str) or not isinstance(names, (tuple, list)):
+        raise InputTypeError(
+            f"{name} must be a tuple of strings such as ('data', 'model'), got "
+            f"{value_text(names)}.")
+    names = tuple(names)
+    if len(names) != len(shape) or len(set(names)) != len(names) or not all(
+            isinstance(n, str) and n for n in names):
+        raise InputError(
+            f"{name} must give one distinct axis name (a non-empty string) per axis of the "
+            f"shape {shape}, got {names!r}.")
+    return names
+
+
 def counts(name: str, values: Any, *, minimum: int = 1, min_length: int = 1) -> tuple[int, ...]:
     """A sequence of integers (list, tuple or 1-D integer array), each at least ``minimum``."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):

@@ -207,16 +207,7 @@ def build_mesh(shape: object, names: object, *, devices: object = None,
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (shape,)
     shape = checks.counts("mesh shape", shape)
-    if isinstance(names, str) or not isinstance(names, (tuple, list)):
-        raise checks.InputTypeError(
-            f"mesh axis names must be a tuple of strings such as ('data', 'model'), got "
-            f"{names!r}.")
-    names = tuple(names)
-    if len(names) != len(shape) or len(set(names)) != len(names) or not all(
-            isinstance(n, str) for n in names):
-        raise checks.InputError(
-            f"need one distinct axis name (a string) per mesh dimension: shape {shape}, "
-            f"names {names}.")
+    names = checks.axis_names("mesh axis names", names, shape)
     kind = checks.one_of("axis_types", axis_types, _AXIS_TYPES)
     available = list(jax.devices()) if devices is None else _device_list(devices)
     size = math.prod(shape)

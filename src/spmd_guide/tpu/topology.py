@@ -147,16 +147,7 @@ def tpu_mesh(topology: str, axis_shapes: Sequence[int], axis_names: Sequence[str
     ``axis_shapes`` must multiply to the slice's device count, and ``axis_names`` give one
     distinct string per axis; both are checked before anything is built."""
     shape = checks.counts("axis_shapes", axis_shapes)
-    if isinstance(axis_names, str) or not isinstance(axis_names, (tuple, list)):
-        raise checks.InputTypeError(
-            f"axis_names must be a tuple of strings such as ('data', 'model'), got "
-            f"{checks.value_text(axis_names)}.")
-    names = tuple(axis_names)
-    if len(names) != len(shape) or len(set(names)) != len(names) or not all(
-            isinstance(n, str) and n for n in names):
-        raise checks.InputError(
-            f"axis_names must give one distinct, non-empty string per axis of axis_shapes "
-            f"{shape}, got {names!r}.")
+    names = checks.axis_names("axis_names", axis_names, shape)
     types = None
     if axis_types is not None:
         if isinstance(axis_types, (str, AxisType)) or not isinstance(axis_types, (tuple, list)):
