@@ -194,6 +194,13 @@ def allgather_overlapped_per_device(lhs_rows, rhs_block, *, axis_name: str,
     return out
 
 
+def _half_block_columns(lhs_rows, block, half: int, half_rows: int):
+    """The ``lhs`` columns that meet one half (0: top, 1: bottom) of ``rhs`` block ``block``,
+    for the bidirectional rings, which send each block's halves opposite ways."""
+    start = (2 * block + half) * half_rows
+    return lax.dynamic_slice_in_dim(lhs_rows, start, half_rows, axis=1)
+
+
 def allgather_bidi_per_device(lhs_rows, rhs_block, *, axis_name: str,
                               ring: int):
     """As ``allgather_overlapped_per_device``, with each ``rhs`` block
@@ -204,8 +211,7 @@ def allgather_bidi_per_device(lhs_rows, rhs_block, *, axis_name: str,
     half_rows = forward.shape[0]
 
     def lhs_columns(block, half):  # the columns meeting one half of a block
-        start = (2 * block + half) * half_rows
-        return lax.dynamic_slice_in_dim(lhs_rows, start, half_rows, axis=1)
+        return _half_block_columns(lhs_rows, block, half, half_rows)
 
     out = lhs_columns(me, 0) @ forward + lhs_columns(me, 1) @ backward
     for step in range(1, ring):
@@ -228,8 +234,7 @@ def allgather_bidi_fused_per_device(lhs_rows, rhs_block, *, axis_name: str,
     half_rows = forward.shape[0]
 
     def lhs_columns(block, half):  # the columns meeting one half of a block
-        start = (2 * block + half) * half_rows
-        return lax.dynamic_slice_in_dim(lhs_rows, start, half_rows, axis=1)
+        return _half_block_columns(lhs_rows, block, half, half_rows)
 
     def one_dot(forward_block, backward_block):
         columns = jnp.concatenate([lhs_columns(forward_block, 0),
