@@ -141,7 +141,8 @@ def chip_key(devices: Sequence[jax.Device] | Mesh) -> str:
 def tpu_mesh(topology: str, axis_shapes: Sequence[int], axis_names: Sequence[str], *,
              axis_types: Sequence[AxisType] | None = None) -> Mesh:
     """A mesh over every device of the TPU slice ``topology``, laid out as ``jax.make_mesh``
-    lays out that slice (neighbouring mesh positions on neighbouring chips), with
+    lays out that slice (JAX's own chip order for it, which does not always put neighbouring
+    mesh positions on neighbouring chips: see meshes.tpu_slices), with
     ``jax.make_mesh``'s default axis types (Explicit) unless ``axis_types`` says otherwise.
 
     ``axis_shapes`` must multiply to the slice's device count, and ``axis_names`` give one
